@@ -1,0 +1,343 @@
+"""The vocabulary of tullio_py: frozen dataclasses passed between pipeline stages.
+
+An `Equation` is one statement `lhs op [reduction] rhs [|> finaliser]`.  Inside brackets
+each position ("slot") is an `Affine` combination of loop indices, a `Gather` (`A[J[k]]`),
+or a `Wrapped` boundary form (`pad`, `clamp`, `mod`).  Outside brackets the right-hand side
+is a tree of `Access`, `Const`, `Param`, `IndexValue`, `Unary`, `Binary`, `Compare`, `Call`.
+
+`str()` of every node prints valid tullio_py notation; `parse(str(eq)) == eq`.
+Source spans (for carets in errors) are carried with `compare=False`, so they never affect
+equality or hashing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+Span = tuple[int, int] | None
+
+ASSIGN_OPS = (":=", "=", "+=", "-=", "*=")
+REDUCTIONS = ("+", "*", "max", "min")
+ELEMENTWISE_FUNCS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "sin", "cos", "tan", "tanh",
+                     "sinh", "cosh", "arctan", "sigmoid", "relu", "conj", "real", "imag")
+BINARY_FUNCS = ("max", "min")
+FUNCTIONS = ELEMENTWISE_FUNCS + BINARY_FUNCS + ("where",)
+FINALISERS = ELEMENTWISE_FUNCS
+BOUNDARY_WRAPPERS = ("pad", "clamp", "mod")
+# Functions whose result is floating point even for integer arguments.
+FLOAT_FUNCS = ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tanh", "sinh",
+               "cosh", "arctan", "sigmoid")
+
+
+# ----------------------------------------------------------------------------- index slots
+@dataclass(frozen=True)
+class Affine:
+    """sum(coef * index) + const, terms in order of first appearance, no zero coefficients."""
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+    span: Span = field(default=None, compare=False)
+
+    @staticmethod
+    def of(terms, const: int = 0, span: Span = None) -> "Affine":
+        merged: dict[str, int] = {}
+        for name, coef in terms:
+            merged[name] = merged.get(name, 0) + coef
+        return Affine(tuple((n, c) for n, c in merged.items() if c != 0), const, span)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.terms)
+
+    @property
+    def is_bare(self) -> bool:
+        return len(self.terms) == 1 and self.terms[0][1] == 1 and self.const == 0
+
+    def coef(self, name: str) -> int:
+        return dict(self.terms).get(name, 0)
+
+    def __add__(self, other: "Affine") -> "Affine":
+        return Affine.of(self.terms + other.terms, self.const + other.const, self.span)
+
+    def scale(self, k: int) -> "Affine":
+        return Affine.of(tuple((n, c * k) for n, c in self.terms), self.const * k, self.span)
+
+    def substitute(self, name: str, value: "Affine") -> "Affine":
+        """Replace index `name` by the affine expression `value`."""
+        c = self.coef(name)
+        if c == 0:
+            return self
+        rest = Affine.of(tuple(t for t in self.terms if t[0] != name), self.const, self.span)
+        return rest + value.scale(c)
+
+    def __str__(self) -> str:
+        out = ""
+        for name, coef in self.terms:
+            sign = "-" if coef < 0 else ("+" if out else "")
+            mag = abs(coef)
+            out += f"{sign}{'' if mag == 1 else f'{mag}*'}{name}"
+        if self.const or not out:
+            out += f"{self.const:+d}" if out else str(self.const)
+        return out
+
+
+@dataclass(frozen=True)
+class Gather:
+    """J[k, ...] (+ offset) used as an index: the value of an integer array."""
+    array: str
+    indices: tuple[Affine, ...]
+    offset: Affine = Affine()
+    span: Span = field(default=None, compare=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        seen = []
+        for a in self.indices + (self.offset,):
+            seen += [n for n in a.names if n not in seen]
+        return tuple(seen)
+
+    def __str__(self) -> str:
+        base = f"{self.array}[{', '.join(map(str, self.indices))}]"
+        if not self.offset.terms and not self.offset.const:
+            return base
+        off = str(self.offset)
+        return base + (off if off.startswith("-") else "+" + off)
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """pad(e, lo, hi) / clamp(e) / mod(e).  For pad, lo=hi=None means unbounded: no range constraint."""
+    kind: str
+    inner: Union[Affine, Gather]
+    lo: int | None = None
+    hi: int | None = None
+    span: Span = field(default=None, compare=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.inner.names
+
+    def __str__(self) -> str:
+        if self.kind == "pad" and self.lo is not None:
+            return f"pad({self.inner}, {self.lo}, {self.hi})"
+        return f"{self.kind}({self.inner})"
+
+
+Slot = Union[Affine, Gather, Wrapped]
+
+
+# ----------------------------------------------------------------------------- values
+# Printing precedence: higher binds tighter.
+_PREC = {"cmp": 1, "+": 2, "-": 2, "*": 3, "/": 3, "neg": 4, "**": 5, "atom": 6}
+
+
+@dataclass(frozen=True)
+class Access:
+    array: str
+    indices: tuple[Slot, ...]
+    span: Span = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.array}[{', '.join(map(str, self.indices))}]" if self.indices else self.array
+
+
+@dataclass(frozen=True)
+class Const:
+    value: Union[int, float, complex]
+
+    def __str__(self) -> str:
+        v = self.value
+        if isinstance(v, complex):
+            return f"{v.imag!r}j" if v.real == 0 else f"({v.real!r}+{v.imag!r}j)"
+        return repr(v)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A scalar runtime parameter: a name used bare on the right that is not an index."""
+    name: str
+    span: Span = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    """A loop index used as a value (`A[i,j] := i + 10*j`)."""
+    name: str
+    span: Span = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # "-" or "+"
+    operand: "Expr"
+
+    def __str__(self) -> str:
+        return f"{self.op}{_wrap(self.operand, _PREC['neg'] + 1)}"
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str  # + - * / **
+    left: "Expr"
+    right: "Expr"
+
+    def __str__(self) -> str:
+        p = _PREC[self.op]
+        if self.op == "**":   # right-associative
+            return f"{_wrap(self.left, p + 1)}**{_wrap(self.right, p)}"
+        right_min = p + 1 if self.op in ("-", "/", "+", "*") else p
+        return f"{_wrap(self.left, p)} {self.op} {_wrap(self.right, right_min)}"
+
+
+@dataclass(frozen=True)
+class Compare:
+    ops: tuple[str, ...]          # "<", "<=", ">", ">=", "==", "!="
+    operands: tuple["Expr", ...]  # len(ops) + 1
+
+    def __str__(self) -> str:
+        out = _wrap(self.operands[0], _PREC["cmp"] + 1)
+        for op, x in zip(self.ops, self.operands[1:]):
+            out += f" {op} {_wrap(x, _PREC['cmp'] + 1)}"
+        return out
+
+
+@dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple["Expr", ...]
+    span: Span = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        return f"{self.func}({', '.join(map(str, self.args))})"
+
+
+Expr = Union[Access, Const, Param, IndexValue, Unary, Binary, Compare, Call]
+
+
+def _prec(e) -> int:
+    if isinstance(e, Binary):
+        return _PREC[e.op]
+    if isinstance(e, Compare):
+        return _PREC["cmp"]
+    if isinstance(e, Unary):
+        return _PREC["neg"]
+    if isinstance(e, Const) and (isinstance(e.value, complex) or e.value < 0):
+        return _PREC["neg"]
+    return _PREC["atom"]
+
+
+def _wrap(e, min_prec: int) -> str:
+    s = str(e)
+    return f"({s})" if _prec(e) < min_prec else s
+
+
+def walk(e):
+    """Every node of an expression tree, parents before children."""
+    yield e
+    if isinstance(e, Unary):
+        yield from walk(e.operand)
+    elif isinstance(e, Binary):
+        yield from walk(e.left)
+        yield from walk(e.right)
+    elif isinstance(e, Compare):
+        for x in e.operands:
+            yield from walk(x)
+    elif isinstance(e, Call):
+        for x in e.args:
+            yield from walk(x)
+
+
+def slot_names(slot: Slot) -> tuple[str, ...]:
+    return slot.names
+
+
+def slot_gathers(slot: Slot) -> tuple[Gather, ...]:
+    inner = slot.inner if isinstance(slot, Wrapped) else slot
+    return (inner,) if isinstance(inner, Gather) else ()
+
+
+# ----------------------------------------------------------------------------- equation
+@dataclass(frozen=True)
+class Equation:
+    lhs: Access
+    assign: str                 # one of ASSIGN_OPS
+    rhs: Expr
+    reduction: str | None = None  # None: implicit "+" (no prefix written)
+    finaliser: str | None = None
+    text: str = field(default="", compare=False)
+
+    @property
+    def reducer(self) -> str:
+        if self.reduction is not None:
+            return self.reduction
+        return "*" if self.assign == "*=" else "+"
+
+    @property
+    def output(self) -> str:
+        return self.lhs.array
+
+    def accesses(self) -> list[Access]:
+        """Every array read on the right, in order (gathers' index arrays not included)."""
+        return [n for n in walk(self.rhs) if isinstance(n, Access)]
+
+    def gathers(self) -> list[Gather]:
+        out = []
+        for acc in [self.lhs] + self.accesses():
+            for s in acc.indices:
+                out += slot_gathers(s)
+        return out
+
+    @property
+    def lhs_indices(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for s in self.lhs.indices:
+            seen += [n for n in slot_names(s) if n not in seen]
+        return tuple(seen)
+
+    @property
+    def indices(self) -> tuple[str, ...]:
+        """Every loop index: left-hand first, then right-hand in order of appearance."""
+        seen = list(self.lhs_indices)
+        for acc in self.accesses():
+            for s in acc.indices:
+                seen += [n for n in slot_names(s) if n not in seen]
+        for n in walk(self.rhs):
+            if isinstance(n, IndexValue) and n.name not in seen:
+                seen.append(n.name)
+        return tuple(seen)
+
+    @property
+    def reduction_indices(self) -> tuple[str, ...]:
+        left = set(self.lhs_indices)
+        return tuple(n for n in self.indices if n not in left)
+
+    @property
+    def arrays(self) -> tuple[str, ...]:
+        """Names of arrays read (including gathers' index arrays), in order, without the output
+        unless the right-hand side reads it."""
+        seen: list[str] = []
+        for acc in self.accesses():
+            if acc.array not in seen:
+                seen.append(acc.array)
+        for g in self.gathers():
+            if g.array not in seen:
+                seen.append(g.array)
+        return tuple(seen)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        seen: list[str] = []
+        for n in walk(self.rhs):
+            if isinstance(n, Param) and n.name not in seen:
+                seen.append(n.name)
+        return tuple(seen)
+
+    def __str__(self) -> str:
+        prefix = f"({self.reduction}) " if self.reduction is not None else ""
+        fin = f" |> {self.finaliser}" if self.finaliser else ""
+        return f"{prefix}{self.lhs} {self.assign} {self.rhs}{fin}"
