@@ -1,0 +1,428 @@
+"""`Kernel`, `kernel()` and `tullio()`: the stages tied together, with an in-memory cache.
+
+Statically per expression: parse (and later, gradients).  Per call signature (dtypes, ranks,
+layouts, threading): rewrite, plan, render, compile -- once.  Per call: check the arrays, infer
+the ranges (a few integer operations), allocate, call the compiled function positionally.
+"""
+from __future__ import annotations
+
+import sys
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from . import codegen, jit, ranges as ranges_mod, rewrite, schedule
+from .errors import ArgumentError, RangeError, SummationWarning
+from .ir import (FLOAT_FUNCS, Access, Binary, Call, Equation, Gather, IndexValue, Param, Unary,
+                 Wrapped, walk)
+from .parse import parse
+
+OPTIONS = ("threads", "target", "grad", "nograd", "ranges", "fastmath", "verbose", "pad")
+TARGETS = ("auto", "cpu", "cuda", "python")
+_KERNELS: dict = {}
+
+
+# ----------------------------------------------------------------------------- helpers
+def result_dtype(eq: Equation, arrays: dict) -> np.dtype:
+    """numpy's result_type of the arrays read (not index arrays), with scalars weak; float when
+    the right side divides or calls a float function on integers."""
+    gathered = {g.array for g in eq.gathers()}
+    read = [a.array for a in eq.accesses()]
+    dts = [arrays[n].dtype for n in dict.fromkeys(read) if n not in gathered or n in read]
+    weak = [arrays[p] for p in eq.params]
+    weak += [n.value for n in walk(eq.rhs) if n.__class__.__name__ == "Const"]
+    if dts:
+        dt = np.result_type(*dts, *[_weak(w) for w in weak])
+    else:
+        dt = np.result_type(np.int64, *[_weak(w) for w in weak]) if weak else np.dtype(np.int64)
+    floaty = eq.finaliser in FLOAT_FUNCS or any(
+        (isinstance(n, Binary) and n.op == "/") or (isinstance(n, Call) and n.func in FLOAT_FUNCS)
+        for n in walk(eq.rhs))
+    if dt.kind in "biu" and floaty:
+        return np.dtype(np.float64)
+    if dt.kind == "b" and eq.reduction_indices:
+        return np.dtype(np.int64)
+    return np.dtype(dt)
+
+
+def _weak(v):
+    if isinstance(v, np.ndarray):
+        v = v.item()
+    if isinstance(v, np.generic):
+        return v.dtype
+    return v
+
+
+def summation_terms(e, sign=""):
+    """Top-level additive terms of an expression."""
+    if isinstance(e, Binary) and e.op in "+-":
+        return summation_terms(e.left) + summation_terms(e.right)
+    if isinstance(e, Unary):
+        return summation_terms(e.operand)
+    return [e]
+
+
+def term_indices(e) -> set[str]:
+    out = set()
+    for n in walk(e):
+        if isinstance(n, Access):
+            for s in n.indices:
+                out |= set(s.names)
+                if isinstance(s, Gather):
+                    out |= set(s.names)
+        elif isinstance(n, IndexValue):
+            out.add(n.name)
+    return out
+
+
+def check_summation(eq: Equation):
+    red = eq.reduction_indices
+    if not red or eq.reducer != "+":
+        return
+    terms = summation_terms(eq.rhs)
+    if len(terms) < 2 and eq.assign != "=":
+        return
+    for t in terms:
+        missing = [n for n in red if n not in term_indices(t)]
+        if missing:
+            warnings.warn(
+                f"the term {t} does not use the reduction index {', '.join(missing)}, so it is "
+                f"summed {'x'.join(missing)} times (the whole right-hand side is reduced): "
+                f"{eq.text or eq}.  Split the statement if that is not intended.",
+                SummationWarning, stacklevel=4)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything fixed for one call signature."""
+    fn: object
+    source: codegen.Source
+    plan: schedule.Plan
+    equation: Equation          # after rewrite and snapshot renaming
+    solved: object              # rewrite.Solved or None
+    snapshot: bool
+
+
+class Kernel:
+    """A compiled tullio_py statement.  Call it with arrays by keyword."""
+
+    def __init__(self, expr: str, threads=True, target="auto", grad=True, nograd=(), ranges=None,
+                 fastmath=False, verbose=0, pad=0):
+        if target not in TARGETS:
+            raise ArgumentError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
+        if not (isinstance(threads, bool) or (isinstance(threads, int) and threads >= 1)):
+            raise ArgumentError(f"threads must be True, False or a positive int, not {threads!r}")
+        self.text = expr
+        self.options = dict(threads=threads, target=target, grad=grad, nograd=tuple(nograd),
+                            ranges=ranges, fastmath=fastmath, verbose=verbose, pad=pad)
+        self.given = self._normalise_ranges(ranges or {})
+        self.equation = parse(expr, tuple(self.given))
+        for name in [self.equation.output, *self.equation.arrays, *self.equation.params]:
+            if name in OPTIONS:
+                raise ArgumentError(f"'{name}' is an option name and cannot name an array or "
+                                    "parameter", expr, _find(expr, name))
+        self.threads, self.target, self.pad = threads, target, pad
+        self.fastmath, self.verbose = fastmath, verbose
+        self._prepared: dict = {}
+        self._last: Prepared | None = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", SummationWarning)
+            check_summation(self.equation)
+        if verbose:
+            print(f"tullio_py: {self.equation}")
+
+    @staticmethod
+    def _normalise_ranges(given: dict) -> dict[str, range]:
+        out = {}
+        for k, v in given.items():
+            if isinstance(v, (int, np.integer)):
+                v = range(int(v))
+            if not isinstance(v, range) or v.step != 1:
+                raise ArgumentError(f"ranges[{k!r}] must be an int or a range with step 1, not {v!r}")
+            out[k] = v
+        return out
+
+    # ------------------------------------------------------------------ checking arrays
+    def _collect(self, arrays: dict) -> dict:
+        eq = self.equation
+        needed = list(eq.arrays) + list(eq.params)
+        if eq.assign != ":=":
+            needed = [eq.output] + needed
+        missing = [n for n in needed if n not in arrays]
+        if missing:
+            raise ArgumentError(f"missing array{'s' if len(missing) > 1 else ''}: "
+                                f"{', '.join(missing)}", eq.text, _find(eq.text, missing[0]),
+                                f"pass {missing[0]}=... as a keyword")
+        extra = [n for n in arrays if n not in needed and n != eq.output]
+        if extra:
+            raise ArgumentError(f"not used by the expression: {', '.join(extra)}", eq.text, None,
+                                f"options are {', '.join(OPTIONS)}")
+        out = {}
+        for n in needed:
+            v = arrays[n]
+            if n in eq.params:
+                if isinstance(v, np.ndarray) and v.ndim == 0:
+                    v = v.item()
+                if not isinstance(v, (int, float, complex, np.number, bool, np.bool_)):
+                    raise ArgumentError(f"'{n}' is used as a scalar parameter but got "
+                                        f"{type(v).__name__}", eq.text, _find(eq.text, n))
+                out[n] = v
+                continue
+            if not isinstance(v, np.ndarray):
+                if hasattr(v, "__array__") or isinstance(v, (list, tuple)):
+                    v = np.asarray(v)
+                elif np.isscalar(v) and n != eq.output:
+                    v = np.asarray(v)
+                else:
+                    raise ArgumentError(f"'{n}' must be an array, got {type(v).__name__}",
+                                        eq.text, _find(eq.text, n))
+            out[n] = v
+        self._check_ranks(out)
+        return out
+
+    def _check_ranks(self, arrays: dict):
+        eq = self.equation
+        for acc in [eq.lhs] + eq.accesses():
+            a = arrays.get(acc.array)
+            if a is None:
+                continue
+            if a.ndim != len(acc.indices):
+                raise ArgumentError(f"'{acc.array}' has {a.ndim} dimension"
+                                    f"{'s' if a.ndim != 1 else ''} but is indexed with "
+                                    f"{len(acc.indices)}", eq.text, acc.span)
+            if a.dtype.kind not in "biufc":
+                raise ArgumentError(f"'{acc.array}' has dtype {a.dtype}: tullio_py needs numbers",
+                                    eq.text, acc.span)
+        for g in eq.gathers():
+            J = arrays[g.array]
+            if J.ndim != len(g.indices):
+                raise ArgumentError(f"index array '{g.array}' has {J.ndim} dimensions but is "
+                                    f"indexed with {len(g.indices)}", eq.text, g.span)
+            if J.dtype.kind not in "iu":
+                raise RangeError(f"index array '{g.array}' must hold integers, not {J.dtype}",
+                                 eq.text, g.span, f"convert it with {g.array}.astype(int)")
+        if eq.assign != ":=":
+            out = arrays[eq.output]
+            if not out.flags.writeable:
+                raise ArgumentError(f"output '{eq.output}' is read-only", eq.text, eq.lhs.span)
+
+    def _extrema(self, arrays: dict) -> dict:
+        ext = {}
+        for g in self.equation.gathers():
+            J = arrays[g.array]
+            if J.size:
+                ext[g.array] = (int(J.min()), int(J.max()))
+        return ext
+
+    def _check_gathers(self, arrays: dict, ext: dict):
+        """Gathers without a shift cannot go through range inference: check values directly."""
+        eq = self.equation
+        for acc in ([eq.lhs] if eq.assign != ":=" else []) + eq.accesses():
+            for d, s in enumerate(acc.indices):
+                inner = s.inner if isinstance(s, Wrapped) else s
+                if isinstance(s, Gather) and s.array in ext and not s.offset.terms:
+                    lo, hi = ext[s.array][0] + s.offset.const, ext[s.array][1] + s.offset.const
+                    n = arrays[acc.array].shape[d]
+                    if lo < 0 or hi >= n:
+                        raise RangeError(f"index array '{s.array}' holds values {lo}..{hi} (with "
+                                         f"offset), out of bounds for '{acc.array}' which has {n} "
+                                         f"along dimension {d}", eq.text, s.span)
+                elif isinstance(s, Wrapped) and isinstance(inner, Gather) and s.kind != "pad":
+                    pass
+
+    def ranges(self, **arrays) -> dict[str, range]:
+        """The range of every index for these arrays (what the loops iterate)."""
+        arrays = self._collect(arrays)
+        ext = self._extrema(arrays)
+        return ranges_mod.infer(self.equation, {n: a.shape for n, a in arrays.items()
+                                                if isinstance(a, np.ndarray)}, ext, self.given)
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, **arrays):
+        eq = self.equation
+        arrays = self._collect(arrays)
+        shapes = {n: a.shape for n, a in arrays.items() if isinstance(a, np.ndarray)}
+        ext = self._extrema(arrays)
+        self._check_gathers(arrays, ext)
+        rng = ranges_mod.infer(eq, shapes, ext, self.given)
+        if eq.assign == ":=":
+            dtype = result_dtype(eq, arrays)
+            shape = ranges_mod.output_shape(eq, rng, ext)
+            out = np.full(shape, self.pad, dtype) if self._needs_fill() else np.empty(shape, dtype)
+        else:
+            out = arrays[eq.output]
+            dtype = out.dtype
+        prepared, call_ranges, extra_params = self._prepare(arrays, rng, dtype, out.shape)
+        args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
+        if prepared.source.parallel and isinstance(self.threads, int) and not isinstance(self.threads, bool):
+            jit.set_threads(min(self.threads, jit.max_threads()))
+            try:
+                prepared.fn(*args)
+            finally:
+                jit.set_threads(None)
+        else:
+            prepared.fn(*args)
+        self._last = prepared
+        return out
+
+    def _needs_fill(self) -> bool:
+        eq = self.equation
+        lhs = eq.lhs.indices
+        bare = [s.names[0] for s in lhs if isinstance(s, Affine_) and s.is_bare]
+        masks = any(isinstance(f, __import__("tullio_py.ir", fromlist=["Compare"]).Compare)
+                    for f in schedule.top_factors(eq.rhs))
+        return len(bare) != len(lhs) or len(set(bare)) != len(bare) or masks
+
+    def _prepare(self, arrays, rng, dtype, out_shape):
+        eq = self.equation
+        solved = rewrite.solve(eq)
+        call_ranges, extra_params = rng, {}
+        work_eq = eq
+        if solved is not None:
+            work_eq = solved.equation
+            call_ranges, extra_params = rewrite.solved_ranges(solved, rng, out_shape)
+        snapshot = _reads_output_elsewhere(work_eq)
+        if snapshot:
+            work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
+        work = schedule.body_cost(work_eq)
+        for n in work_eq.indices:
+            work *= max(len(call_ranges[n]), 1)
+        parallel = (self.threads is not False and self.threads != 1 and jit.max_threads() > 1
+                    and work >= schedule.PARALLEL_WORK_THRESHOLD)
+        target = "cpu" if self.target == "auto" else self.target
+        key = (str(work_eq), dtype.str, target, parallel,
+               tuple((n, a.dtype.str, a.ndim, _layout(a)) if isinstance(a, np.ndarray)
+                     else (n, type(a).__name__) for n, a in sorted(arrays.items())))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            plan = schedule.plan(work_eq, call_ranges, dtype.name,
+                                 threads=self.threads if parallel else False,
+                                 pad_value=self.pad, fastmath=self.fastmath)
+            source = codegen.render(plan)
+            if self.verbose >= 2:
+                print(source.text)
+            fn = jit.load(source, target)
+            prepared = Prepared(fn, source, plan, work_eq, solved, snapshot)
+            self._prepared[key] = prepared
+        return prepared, call_ranges, extra_params
+
+    def _arguments(self, prepared, arrays, out, call_ranges, extra_params):
+        eq = prepared.equation
+        args = []
+        for name in prepared.source.args:
+            if name == eq.output:
+                args.append(out.reshape(1) if out.ndim == 0 else out)
+            elif name.startswith("_old_"):
+                old = out.copy()
+                args.append(old.reshape(1) if old.ndim == 0 else old)
+            elif name.startswith("_start_"):
+                args.append(call_ranges[name[7:]].start)
+            elif name.startswith("_stop_"):
+                args.append(call_ranges[name[6:]].stop)
+            elif name in extra_params:
+                args.append(extra_params[name])
+            else:
+                args.append(arrays[name])
+        return args
+
+    # ------------------------------------------------------------------ reading the code
+    @property
+    def forward_code(self) -> str:
+        """Generated source of the forward kernel (of the last call, else for float64 arrays)."""
+        if self._last is None:
+            return self.source()
+        return jit.module_text(self._last.source, "cpu")
+
+    def source(self, target: str = "cpu", grad: bool = False) -> str:
+        if grad:
+            raise NotImplementedError("gradient code is generated by tullio_py.grad")
+        eq = self.equation
+        solved = rewrite.solve(eq)
+        work_eq = solved.equation if solved else eq
+        if _reads_output_elsewhere(work_eq):
+            work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
+        fake = {n: range(0, 1) for n in work_eq.indices}
+        plan = schedule.plan(work_eq, fake, "float64", threads=False, pad_value=self.pad)
+        src = codegen.render(plan)
+        return jit.module_text(src, target if target in ("cpu", "python") else "cpu")
+
+    def __repr__(self):
+        return f"kernel({self.text!r})"
+
+
+from .ir import Affine as Affine_  # noqa: E402  (name used in _needs_fill)
+
+
+def _layout(a: np.ndarray) -> str:
+    return "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A"
+
+
+def _reads_output_elsewhere(eq: Equation) -> bool:
+    if eq.assign == ":=":
+        return False
+    scatter = rewrite.is_scatter(eq)
+    for acc in eq.accesses():
+        if acc.array == eq.output and (scatter or acc.indices != eq.lhs.indices):
+            return True
+    return False
+
+
+def _rename_reads(eq: Equation, old: str, new: str) -> Equation:
+    def go(e):
+        if isinstance(e, Access):
+            return Access(new, e.indices, e.span) if e.array == old else e
+        if isinstance(e, Unary):
+            return Unary(e.op, go(e.operand))
+        if isinstance(e, Binary):
+            return Binary(e.op, go(e.left), go(e.right))
+        if isinstance(e, Call):
+            return Call(e.func, tuple(go(a) for a in e.args), e.span)
+        if e.__class__.__name__ == "Compare":
+            return type(e)(e.ops, tuple(go(a) for a in e.operands))
+        return e
+    return replace(eq, rhs=go(eq.rhs))
+
+
+def _find(text: str, name: str):
+    import re
+    m = re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text or "")
+    return (m.start(), m.end()) if m else None
+
+
+# ----------------------------------------------------------------------------- public verbs
+def kernel(expr: str, /, **options) -> Kernel:
+    """A Kernel for `expr`, cached per expression and options."""
+    bad = [k for k in options if k not in OPTIONS]
+    if bad:
+        raise ArgumentError(f"unknown option{'s' if len(bad) > 1 else ''}: {', '.join(bad)}",
+                            hint=f"options are {', '.join(OPTIONS)}; arrays go to the kernel call")
+    key = (expr, _freeze(options))
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = Kernel(expr, **options)
+    return k
+
+
+def _freeze(v):
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple, set)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def tullio(expr: str, /, **arrays_and_options):
+    """Evaluate `expr`.  Arrays by keyword, or read from the caller's scope when not passed."""
+    options = {k: v for k, v in arrays_and_options.items() if k in OPTIONS}
+    arrays = {k: v for k, v in arrays_and_options.items() if k not in OPTIONS}
+    k = kernel(expr, **options)
+    eq = k.equation
+    wanted = list(eq.arrays) + list(eq.params) + ([eq.output] if eq.assign != ":=" else [])
+    if any(n not in arrays for n in wanted):
+        frame = sys._getframe(1)
+        scope = {**frame.f_globals, **frame.f_locals}
+        for n in wanted:
+            if n not in arrays and n in scope:
+                arrays[n] = scope[n]
+    return k(**arrays)

@@ -1,0 +1,190 @@
+"""Equation -> Plan: loop order, which loop runs on threads, and guards (masks that restrict the
+iteration, turned into clipped loop bounds by code generation).
+
+Thread safety: an index is safe to split across threads when distinct values of it write
+distinct output elements, i.e. it appears bare in some left-hand position.  Reduction indices and
+indices that appear inside a shifted or gathered left-hand position are never split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ir import Access, Affine, Binary, Compare, Const, Equation, IndexValue, Param, Unary, Wrapped
+
+# Below this many (iterations x body cost) a kernel runs on one thread: starting threads costs
+# more than the work.
+PARALLEL_WORK_THRESHOLD = 1 << 15
+
+
+@dataclass(frozen=True)
+class Loop:
+    index: str
+    parallel: bool = False
+    reduction: bool = False
+
+
+@dataclass(frozen=True)
+class Guard:
+    """lo <= expr < hi must hold for an iteration to run; lo/hi are code (None: unbounded)."""
+    expr: Affine
+    lo: str | None
+    hi: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    equation: Equation
+    loops: tuple[Loop, ...]
+    guards: tuple[Guard, ...]
+    guarded_reads: frozenset      # ids (str of Access) of top-level pad reads turned into guards
+    scatter: bool                 # left side keeps a gather or non-unit shift: combine per tuple
+    out_dtype: str
+    pad_value: object = 0
+    fastmath: bool = False
+
+
+def top_factors(e) -> list:
+    """The factors of a product at the root of the right-hand side."""
+    if isinstance(e, Binary) and e.op == "*":
+        return top_factors(e.left) + top_factors(e.right)
+    return [e]
+
+
+def linear(e):
+    """(Affine over indices, {param: coef}, const) for + - and constant * of indices, params and
+    integer constants; None if e is not of that form."""
+    if isinstance(e, IndexValue):
+        return Affine(((e.name, 1),)), {}, 0
+    if isinstance(e, Param):
+        return Affine(), {e.name: 1}, 0
+    if isinstance(e, Const) and isinstance(e.value, int):
+        return Affine(), {}, e.value
+    if isinstance(e, Unary) and e.op == "-":
+        inner = linear(e.operand)
+        return inner and _scale(inner, -1)
+    if isinstance(e, Binary) and e.op in "+-":
+        a, b = linear(e.left), linear(e.right)
+        if a is None or b is None:
+            return None
+        return _add(a, _scale(b, 1 if e.op == "+" else -1))
+    if isinstance(e, Binary) and e.op == "*":
+        a, b = linear(e.left), linear(e.right)
+        if a is None or b is None:
+            return None
+        for x, y in ((a, b), (b, a)):
+            if not x[0].terms and not x[1]:
+                return _scale(y, x[2])
+    return None
+
+
+def _scale(t, k):
+    return t[0].scale(k), {p: c * k for p, c in t[1].items()}, t[2] * k
+
+
+def _add(a, b):
+    params = dict(a[1])
+    for p, c in b[1].items():
+        params[p] = params.get(p, 0) + c
+    return a[0] + b[0], {p: c for p, c in params.items() if c}, a[2] + b[2]
+
+
+def _code(params: dict, const: int) -> str:
+    parts = [(f"{p}" if c == 1 else f"-{p}" if c == -1 else f"{c}*{p}") for p, c in params.items()]
+    if const or not parts:
+        parts.append(str(const))
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def compare_guards(c: Compare) -> list[Guard] | None:
+    """Guards equivalent to an index-only comparison, or None if it is not of that form."""
+    out = []
+    for op, a, b in zip(c.ops, c.operands, c.operands[1:]):
+        la, lb = linear(a), linear(b)
+        if la is None or lb is None or op == "!=":
+            return None
+        diff = _add(la, _scale(lb, -1))            # a - b = idx + params + const
+        idx = Affine(diff[0].terms)
+        if not idx.terms:
+            return None
+        bound = _code(_scale(diff, -1)[1], -diff[2])  # idx  op  -(params + const)
+        if op == "<":
+            out.append(Guard(idx, None, bound))
+        elif op == "<=":
+            out.append(Guard(idx, None, f"{bound} + 1"))
+        elif op == ">":
+            out.append(Guard(idx, f"{bound} + 1", None))
+        elif op == ">=":
+            out.append(Guard(idx, bound, None))
+        else:
+            out.append(Guard(idx, bound, f"{bound} + 1"))
+    return out
+
+
+def find_guards(eq: Equation, pad_value) -> tuple[list[Guard], set[str], list]:
+    """Top-level mask factors become guards (they restrict the iteration).  Under a sum with
+    pad value 0, a top-level pad read contributes nothing outside its array, so it becomes a
+    guard too and the read needs no check."""
+    guards, guarded, rest = [], set(), []
+    for f in top_factors(eq.rhs):
+        if isinstance(f, Compare):
+            g = compare_guards(f)
+            if g is not None:
+                guards += g
+                continue
+        if (isinstance(f, Access) and eq.reducer == "+" and pad_value == 0 and not _scatter(eq)
+                and any(isinstance(s, Wrapped) and s.kind == "pad" for s in f.indices)
+                and all(not isinstance(s, Wrapped) or (s.kind == "pad" and isinstance(s.inner, Affine))
+                        for s in f.indices)):
+            for d, s in enumerate(f.indices):
+                if isinstance(s, Wrapped):
+                    guards.append(Guard(Affine(s.inner.terms), str(-s.inner.const),
+                                        f"{f.array}.shape[{d}] - {s.inner.const}"))
+            guarded.add(str(f))
+        rest.append(f)
+    return guards, guarded, rest
+
+
+def _scatter(eq: Equation) -> bool:
+    return any(not isinstance(s, Affine) or (s.terms and not s.is_bare) for s in eq.lhs.indices)
+
+
+def safe_indices(eq: Equation) -> set[str]:
+    """Indices whose distinct values write distinct output elements."""
+    unsafe = {n for s in eq.lhs.indices if not (isinstance(s, Affine) and s.is_bare) for n in s.names}
+    return {s.names[0] for s in eq.lhs.indices
+            if isinstance(s, Affine) and s.is_bare} - unsafe
+
+
+def body_cost(eq: Equation) -> int:
+    from .ir import Call, walk
+    cost = 1
+    for n in walk(eq.rhs):
+        if isinstance(n, Call):
+            cost += 10
+        elif isinstance(n, Binary) and n.op in ("/", "**"):
+            cost += 2
+    return cost
+
+
+def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
+         pad_value=0, fastmath=False) -> Plan:
+    scatter = _scatter(eq)
+    guards, guarded, _ = find_guards(eq, pad_value)
+    left = [n for n in eq.lhs_indices]
+    red = [n for n in eq.indices if n not in left]
+    order = left + red
+    work = body_cost(eq)
+    for n in order:
+        work *= max(len(ranges[n]), 1)
+    parallel_index = None
+    if threads is not False and threads != 1 and work >= PARALLEL_WORK_THRESHOLD:
+        safe = safe_indices(eq)
+        candidates = [n for n in left if n in safe and len(ranges[n]) >= 2]
+        if candidates:
+            parallel_index = candidates[0]
+            # The parallel loop must be the outermost: move it there.
+            order.remove(parallel_index)
+            order.insert(0, parallel_index)
+    loops = tuple(Loop(n, n == parallel_index, n in red) for n in order)
+    return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
+                fastmath)
