@@ -119,9 +119,8 @@ class _Render:
         return f"{self.expr(e)} != 0"
 
     def rhs_without_guards(self) -> str:
-        from .schedule import compare_guards, top_factors
-        factors = [f for f in top_factors(self.eq.rhs)
-                   if not (isinstance(f, Compare) and compare_guards(f) is not None)]
+        from .schedule import mask_guards, top_factors
+        factors = [f for f in top_factors(self.eq.rhs) if mask_guards(f) is None]
         if not factors:
             return "_T(1)"
         return " * ".join(self.expr(f) for f in factors)
@@ -136,6 +135,9 @@ class _Render:
         for g in guards:
             names = g.expr.names
             if v not in names or any(n not in outer and n != v for n in names):
+                continue
+            if g.cond is not None:
+                checks.append(f"if not ({g.cond}):\n    continue")
                 continue
             c = g.expr.coef(v)
             rest = Affine.of(tuple(t for t in g.expr.terms if t[0] != v))

@@ -76,21 +76,18 @@ def term_indices(e) -> set[str]:
     return out
 
 
-def check_summation(eq: Equation):
+def summation_message(eq: Equation) -> str | None:
+    """The SummationWarning text when an additive term misses a reduction index."""
     red = eq.reduction_indices
     if not red or eq.reducer != "+":
-        return
-    terms = summation_terms(eq.rhs)
-    if len(terms) < 2 and eq.assign != "=":
-        return
-    for t in terms:
+        return None
+    for t in summation_terms(eq.rhs):
         missing = [n for n in red if n not in term_indices(t)]
         if missing:
-            warnings.warn(
-                f"the term {t} does not use the reduction index {', '.join(missing)}, so it is "
-                f"summed {'x'.join(missing)} times (the whole right-hand side is reduced): "
-                f"{eq.text or eq}.  Split the statement if that is not intended.",
-                SummationWarning, stacklevel=4)
+            return (f"the term {t} does not use the reduction index {', '.join(missing)}, so it "
+                    f"is summed over {', '.join(missing)} as well (the whole right-hand side is "
+                    f"reduced): {eq.text or eq}.  Split the statement if that is not intended.")
+    return None
 
 
 @dataclass(frozen=True)
@@ -118,19 +115,26 @@ class Kernel:
                             ranges=ranges, fastmath=fastmath, verbose=verbose, pad=pad)
         self.given = self._normalise_ranges(ranges or {})
         self.equation = parse(expr, tuple(self.given))
-        for name in [self.equation.output, *self.equation.arrays, *self.equation.params]:
-            if name in OPTIONS:
-                raise ArgumentError(f"'{name}' is an option name and cannot name an array or "
-                                    "parameter", expr, _find(expr, name))
+        self._check_option_names(expr, self.equation)
         self.threads, self.target, self.pad = threads, target, pad
         self.fastmath, self.verbose = fastmath, verbose
         self._prepared: dict = {}
         self._last: Prepared | None = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", SummationWarning)
-            check_summation(self.equation)
+        self.summation_message = summation_message(self.equation)
+        self._warned_by_tullio = False
+        if self.summation_message:
+            warnings.warn(self.summation_message, SummationWarning, stacklevel=3)
         if verbose:
             print(f"tullio_py: {self.equation}")
+
+    @staticmethod
+    def _check_option_names(expr: str, eq: Equation | None = None):
+        eq = eq or parse(expr)
+        for name in [eq.output, *eq.arrays, *eq.params]:
+            if name in OPTIONS:
+                raise ArgumentError(f"'{name}' is an option name and cannot name an array or "
+                                    "parameter", expr, _find(expr, name),
+                                    "rename the array")
 
     @staticmethod
     def _normalise_ranges(given: dict) -> dict[str, range]:
@@ -270,8 +274,7 @@ class Kernel:
         eq = self.equation
         lhs = eq.lhs.indices
         bare = [s.names[0] for s in lhs if isinstance(s, Affine_) and s.is_bare]
-        masks = any(isinstance(f, __import__("tullio_py.ir", fromlist=["Compare"]).Compare)
-                    for f in schedule.top_factors(eq.rhs))
+        masks = any(schedule.mask_guards(f) is not None for f in schedule.top_factors(eq.rhs))
         return len(bare) != len(lhs) or len(set(bare)) != len(bare) or masks
 
     def _prepare(self, arrays, rng, dtype, out_shape):
@@ -398,7 +401,14 @@ def kernel(expr: str, /, **options) -> Kernel:
         raise ArgumentError(f"unknown option{'s' if len(bad) > 1 else ''}: {', '.join(bad)}",
                             hint=f"options are {', '.join(OPTIONS)}; arrays go to the kernel call")
     key = (expr, _freeze(options))
-    k = _KERNELS.get(key)
+    try:
+        k = _KERNELS.get(key)
+    except TypeError:       # an array passed under an option's name
+        bad = [n for n, v in options.items() if isinstance(v, (np.ndarray, list))]
+        parse(expr, tuple(options.get("ranges") or {}) if isinstance(options.get("ranges"), dict) else ())
+        Kernel._check_option_names(expr)
+        raise ArgumentError(f"option {', '.join(bad)} got an array: option names are reserved "
+                            f"and cannot name arrays ({', '.join(OPTIONS)})", expr) from None
     if k is None:
         k = _KERNELS[key] = Kernel(expr, **options)
     return k
@@ -417,6 +427,9 @@ def tullio(expr: str, /, **arrays_and_options):
     options = {k: v for k, v in arrays_and_options.items() if k in OPTIONS}
     arrays = {k: v for k, v in arrays_and_options.items() if k not in OPTIONS}
     k = kernel(expr, **options)
+    if k.summation_message and k._warned_by_tullio:   # the first warning came from Kernel()
+        warnings.warn(k.summation_message, SummationWarning, stacklevel=2)
+    k._warned_by_tullio = True
     eq = k.equation
     wanted = list(eq.arrays) + list(eq.params) + ([eq.output] if eq.assign != ":=" else [])
     if any(n not in arrays for n in wanted):

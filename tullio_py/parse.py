@@ -15,6 +15,7 @@ from .ir import (ASSIGN_OPS, BINARY_FUNCS, BOUNDARY_WRAPPERS, ELEMENTWISE_FUNCS,
                  Gather, IndexValue, Param, Unary, Wrapped, walk)
 
 MAX_LENGTH = 10_000
+MAX_DEPTH = 200
 _PREFIX = re.compile(r"\s*\(\s*([^()\s]*)\s*\)\s*")
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**"}
 _CMPOPS = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
@@ -46,6 +47,7 @@ class _Parser:
             self.fail("one statement per call: newlines and ';' are not allowed",
                       (max(text.find("\n"), text.find(";")), max(text.find("\n"), text.find(";")) + 1))
         pos, reduction = 0, None
+        self.prefix_span = self.fin_span = None
         m = _PREFIX.match(text)
         if m:
             reduction = m.group(1)
@@ -53,6 +55,7 @@ class _Parser:
                 self.fail(f"unknown reduction '({reduction})': the reductions are "
                           + ", ".join(f"({r})" for r in REDUCTIONS), m.span(1) if reduction else m.span())
             pos = m.end()
+            self.prefix_span = (m.start(), m.end())
         finaliser, end = None, len(text)
         fin_at = text.rfind("|>")
         if fin_at >= 0:
@@ -63,6 +66,7 @@ class _Parser:
                 self.fail(f"unknown finaliser '{finaliser}': a finaliser is one of "
                           + ", ".join(FINALISERS), fspan)
             end = fin_at
+            self.fin_span = (fin_at, fspan[1])
         op, op_at = self.find_assignment(pos, end)
         lhs_span = (pos, op_at)
         rhs_span = (op_at + len(op), end)
@@ -128,6 +132,7 @@ class _Parser:
             self.fail(f"invalid syntax: {e.msg}", (at, at + 1), hint)
         except (RecursionError, MemoryError, ValueError):
             self.fail("expression too deeply nested", (start, stop))
+        self.check_depth(tree, start, stop)
         lead = len(code) - len(code.lstrip())
         for node in ast.walk(tree):
             if hasattr(node, "col_offset"):
@@ -135,6 +140,17 @@ class _Parser:
                 b = lead + (node.end_col_offset or node.col_offset + 1)
                 node.span = (where[min(a, len(where) - 1)], where[min(b, len(where) - 1)])
         return tree
+
+    def check_depth(self, tree, start: int, stop: int):
+        """Every later stage walks the tree recursively: bound its depth here, iteratively."""
+        stack = [(tree, 1)]
+        while stack:
+            node, d = stack.pop()
+            if d > MAX_DEPTH:
+                self.fail(f"expression nested too deeply (more than {MAX_DEPTH} levels; a long "
+                          "chain of + counts one level per term)", (start, stop),
+                          "split it into several statements")
+            stack.extend((c, d + 1) for c in ast.iter_child_nodes(node))
 
     @staticmethod
     def bracket_names(tree) -> set[str]:
@@ -358,7 +374,7 @@ class _Parser:
         if not eq.reduction_indices and (eq.reduction is not None or eq.finaliser):
             what = f"reduction ({eq.reduction})" if eq.reduction is not None else f"finaliser |> {eq.finaliser}"
             self.fail(f"a {what} needs an index to reduce over, but every index appears on the left",
-                      (0, len(t)))
+                      self.prefix_span if eq.reduction is not None else self.fin_span)
         if eq.assign in ("+=", "-=") and eq.reduction not in (None, "+"):
             self.fail(f"'{eq.assign}' accumulates a sum; it cannot use the ({eq.reduction}) reduction",
                       (op_at, op_at + 2), "use '=' with the reduction, or drop the prefix")

@@ -25,10 +25,14 @@ class Loop:
 
 @dataclass(frozen=True)
 class Guard:
-    """lo <= expr < hi must hold for an iteration to run; lo/hi are code (None: unbounded)."""
+    """lo <= expr < hi must hold for an iteration to run; lo/hi are code (None: unbounded).
+    A guard is applied at the loop of its innermost index.  A guard that involves a reduction
+    index restricts the terms of the reduction and must be applied at a reduction loop; only a
+    guard on left-hand indices alone may skip writing an element (a mask selecting elements)."""
     expr: Affine
     lo: str | None
     hi: str | None
+    cond: str | None = None       # a general condition (e.g. i != j) checked with `if`
 
 
 @dataclass(frozen=True)
@@ -120,26 +124,55 @@ def compare_guards(c: Compare) -> list[Guard] | None:
     return out
 
 
+def index_only(e) -> bool:
+    """An expression of indices, parameters and constants only (no array reads, no calls)."""
+    from .ir import walk
+    return all(isinstance(n, (IndexValue, Param, Const, Binary, Unary)) for n in walk(e))
+
+
+def mask_guards(f) -> list[Guard] | None:
+    """The guards of a top-level factor that is a comparison of indices, else None."""
+    if not isinstance(f, Compare) or not all(index_only(x) for x in f.operands):
+        return None
+    if not any(isinstance(n, IndexValue) for x in f.operands for n in __import__(
+            "tullio_py.ir", fromlist=["walk"]).walk(x)):
+        return None
+    g = compare_guards(f)
+    if g is not None:
+        return g
+    names = []
+    for x in f.operands:
+        for n in __import__("tullio_py.ir", fromlist=["walk"]).walk(x):
+            if isinstance(n, IndexValue) and n.name not in names:
+                names.append(n.name)
+    return [Guard(Affine(tuple((n, 1) for n in names)), None, None, str(f))]
+
+
 def find_guards(eq: Equation, pad_value) -> tuple[list[Guard], set[str], list]:
     """Top-level mask factors become guards (they restrict the iteration).  Under a sum with
     pad value 0, a top-level pad read contributes nothing outside its array, so it becomes a
     guard too and the read needs no check."""
     guards, guarded, rest = [], set(), []
     for f in top_factors(eq.rhs):
-        if isinstance(f, Compare):
-            g = compare_guards(f)
-            if g is not None:
-                guards += g
-                continue
+        g = mask_guards(f)
+        if g is not None:
+            guards += g
+            continue
         if (isinstance(f, Access) and eq.reducer == "+" and pad_value == 0 and not _scatter(eq)
                 and any(isinstance(s, Wrapped) and s.kind == "pad" for s in f.indices)
                 and all(not isinstance(s, Wrapped) or (s.kind == "pad" and isinstance(s.inner, Affine))
                         for s in f.indices)):
-            for d, s in enumerate(f.indices):
-                if isinstance(s, Wrapped):
-                    guards.append(Guard(Affine(s.inner.terms), str(-s.inner.const),
-                                        f"{f.array}.shape[{d}] - {s.inner.const}"))
-            guarded.add(str(f))
+            reduced = set(eq.reduction_indices)
+            pads = [(d, s) for d, s in enumerate(f.indices) if isinstance(s, Wrapped)]
+            # A guard on left-hand indices only would skip writing elements that must be
+            # written (as the pad value): those reads keep their per-element check.
+            if all(reduced & set(s.names) for _, s in pads):
+                for d, s in pads:
+                    c = s.inner.const
+                    guards.append(Guard(Affine(s.inner.terms), str(-c),
+                                        f"{f.array}.shape[{d}]" + (f" - {c}" if c > 0 else
+                                                                   f" + {-c}" if c else "")))
+                guarded.add(str(f))
         rest.append(f)
     return guards, guarded, rest
 
