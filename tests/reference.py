@@ -11,9 +11,11 @@ Semantics (DESIGN.md section 2, spelled out):
   the whole read return `pad_value` when out of [0, n), 'clamp' clamps, 'mod' wraps.  Every other
   access outside [0, n) raises AssertionError("out of bounds ...") -- an independent check that
   range inference kept all accesses in bounds.
-* guards (only for the '+' reducer): top-level factors of the RHS (through Binary('*')) that are
-  index-only comparisons evaluating False, or pad reads out of bounds with pad_value == 0, skip
-  the index tuple entirely (it still marks its LHS element as written).
+* guards: top-level factors of the RHS (through Binary('*')) that are comparisons of indices
+  (and parameters) evaluating False skip the index tuple, for every reducer.  A failing comparison
+  of left-hand indices only means the element is not written at all (a mask selecting elements);
+  otherwise the tuple is skipped but its element is still written.  Under the '+' reducer with
+  pad_value == 0, a top-level pad read out of bounds also skips the tuple (same value as adding 0).
 * reduction: tuples are grouped by the LHS element they write; value = reducer over the group
   starting from the identity, then the finaliser once per element, then the assignment.
 * in-place reads: the RHS reads the output from a snapshot taken before the statement.
@@ -191,17 +193,22 @@ class _Interp:
         raise AssertionError(f"unknown node {e!r}")
 
     # --- guards
-    def skipped(self, env) -> bool:
-        if self.eq.reducer != "+":
-            return False
+    def skipped(self, env):
+        """False, "term" (skip the contribution) or "element" (do not write the element)."""
+        left = set(self.eq.lhs_indices)
         for f in _factors(self.eq.rhs):
             if isinstance(f, Compare) and _index_only(f):
                 if not self.value(f, env):
-                    return True
+                    names = {n.name for x in f.operands for n in walk(x)
+                             if isinstance(n, IndexValue)}
+                    return "element" if names <= left else "term"
+        if self.eq.reducer != "+":
+            return False
+        for f in _factors(self.eq.rhs):
             if isinstance(f, Access) and self.pad_value == 0 \
                     and any(isinstance(s, Wrapped) and s.kind == "pad" for s in f.indices):
                 if self.read(f, env) is PADDED:
-                    return True
+                    return "term"
         return False
 
 
@@ -212,8 +219,9 @@ def _factors(e):
 
 
 def _index_only(cmp: Compare) -> bool:
-    return all(isinstance(n, (IndexValue, Const, Binary, Unary))
-               for x in cmp.operands for n in walk(x))
+    return all(isinstance(n, (IndexValue, Param, Const, Binary, Unary))
+               for x in cmp.operands for n in walk(x)) and any(
+        isinstance(n, IndexValue) for x in cmp.operands for n in walk(x))
 
 
 # ----------------------------------------------------------------------------- dtypes
@@ -308,9 +316,12 @@ def evaluate(eq: Equation, arrays: dict, ranges: dict, out: np.ndarray | None = 
         env = dict(zip(eq.indices, vals))
         pos = tuple(interp.inner(s, env) if not isinstance(s, Wrapped) else _bad_lhs(s)
                     for s in eq.lhs.indices)
-        lhs_values.append(pos)
+        lhs_values.append(pos)     # the shape of a new array counts every tuple
+        skip = interp.skipped(env)
+        if skip == "element":
+            continue
         bucket = groups.setdefault(pos, [])
-        if interp.skipped(env):
+        if skip:
             continue
         bucket.append(interp.value(eq.rhs, env))
 

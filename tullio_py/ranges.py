@@ -138,8 +138,7 @@ def infer(eq: Equation, shapes: dict[str, tuple[int, ...]],
                     prev = first_bare[name]
                     _fail(eq, f"index {name} must have the same extent everywhere it is used bare: "
                               f"{_describe(prev)}, but {_describe(c)}", c.source.span,
-                          f"use the same length, or write a shift such as {name}+0 to take the "
-                          "intersection")
+                          f'use arrays of the same length, or restrict it with ranges={{"{name}": ...}}')
                 first_bare.setdefault(name, c)
                 known[name] = (lo, hi)
             elif name in known:
