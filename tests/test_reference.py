@@ -162,3 +162,18 @@ def test_clamp_mod_pad_value():
     np.testing.assert_allclose(m, np.roll(x, -2))
     p = evaluate(parse("p[i] := x[pad(i-1, 1, 0)]"), dict(x=x), R(i=6), pad_value=-1.0)
     np.testing.assert_allclose(p, [-1, 1, 2, 3, 4, 5])
+
+
+def test_index_masks_are_guards_for_every_reducer():
+    A = -np.arange(1.0, 10.0).reshape(3, 3)
+    M = evaluate(parse("(max) M[i] := A[i,j] * (j <= i)"), dict(A=A), R(i=3, j=3))
+    np.testing.assert_allclose(M, [A[i, :i + 1].max() for i in range(3)])
+    # a mask of left indices only selects the written elements of '='
+    y = evaluate(parse("y[i] = x[i] * (i < 2)"), dict(x=np.ones(4)), R(i=4), out=np.full(4, 7.0))
+    np.testing.assert_allclose(y, [1, 1, 7, 7])
+    # a mask mixing in reduction indices still writes the element (the empty sum is 0)
+    s = evaluate(parse("s[i] = A[i,j] * (j < i)"), dict(A=A), R(i=3, j=3), out=np.full(3, 7.0))
+    np.testing.assert_allclose(s, [0, A[1, 0], A[2, 0] + A[2, 1]])
+    # parameters may take part in a mask
+    t = evaluate(parse("t[i] := A[i,j] * (j < n)"), dict(A=A, n=1), R(i=3, j=3))
+    np.testing.assert_allclose(t, A[:, 0])

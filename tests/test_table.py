@@ -202,8 +202,14 @@ TABLE = [
       numpy=lambda a: np.array(7.0), tag="masked inf"),
     T("y[i] := where(x[i] > 0, x[i], 0.1 * x[i])", lambda r: dict(x=f64(r, 6)),
       numpy=lambda a: np.where(a["x"] > 0, a["x"], 0.1 * a["x"])),
-    T("(max) M[i] := A[i,j] * (j <= i)", lambda r: dict(A=pos(r, 4, 4)),
-      numpy=lambda a: np.tril(a["A"]).max(1)),
+    # masks of indices are guards (iteration restrictions) for every reducer: the masked-out
+    # zeros do not take part in the max; a mask of left indices only selects written elements
+    T("(max) M[i] := A[i,j] * (j <= i)", lambda r: dict(A=f64(r, 4, 4) - 3),
+      numpy=lambda a: np.array([a["A"][i, :i + 1].max() for i in range(4)])),
+    T("y[i] = x[i] * (i < 2)", lambda r: dict(y=np.full(5, 7.0), x=f64(r, 5)),
+      numpy=lambda a: np.concatenate([a["x"][:2], [7.0, 7.0, 7.0]])),
+    T("s[i] := A[i,j] * (j < n)", lambda r: dict(A=f64(r, 3, 4), n=2),
+      numpy=lambda a: a["A"][:, :2].sum(1)),
     # ------------------------------------------------------------ finalisers, functions
     T("n[i] := A[i,j]**2 |> sqrt", lambda r: dict(A=f64(r, 3, 4)),
       numpy=lambda a: np.linalg.norm(a["A"], axis=1)),

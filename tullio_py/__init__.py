@@ -6,7 +6,9 @@
 from .errors import (ArgumentError, GradientError, OverwriteWarning, ParseError, RangeError,
                      SummationWarning, TullioError)
 from .kernel import Kernel, kernel, tullio
+from .cache import clear as clear_cache
 
 __version__ = "0.1.0"
 __all__ = ["tullio", "kernel", "Kernel", "TullioError", "ParseError", "RangeError",
-           "GradientError", "ArgumentError", "SummationWarning", "OverwriteWarning"]
+           "GradientError", "ArgumentError", "SummationWarning", "OverwriteWarning",
+           "clear_cache"]

@@ -1,0 +1,23 @@
+"""Shared test setup.
+
+The whole run uses one temporary kernel cache, set here at import time, before any test module
+can compile a kernel: the tests never read or write the user's cache, and kernels compiled by
+one test are reused by the others (and by subprocesses the tests start, which inherit the
+environment).  Under pytest-xdist each worker process gets its own directory.
+"""
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_CACHE_DIR = tempfile.mkdtemp(prefix="tullio_py-test-cache-")
+os.environ["TULLIO_CACHE_DIR"] = _CACHE_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tullio_cache_dir():
+    """The session's kernel cache directory; removed at the end of the run."""
+    os.environ["TULLIO_CACHE_DIR"] = _CACHE_DIR
+    yield _CACHE_DIR
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)

@@ -1,0 +1,190 @@
+"""The disk cache (tullio_py/cache.py, jit.py): reuse across processes, concurrent writers,
+damaged files, what the key covers, clearing and the size bound; lazy imports.
+
+Cross-process tests run small scripts in fresh interpreters with their own cache directory and
+read back `jit.stats` (numba's own per-signature counters of compiles and disk loads).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tullio_py
+from tullio_py import cache, jit, kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import json, sys
+import numpy as np
+from tullio_py import kernel, jit
+rng = np.random.default_rng(0)
+A, B = rng.random((5, 3)), rng.random((3, 4))
+C = kernel("C[i,k] := A[i,j] * B[j,k] * 1.5", threads=False)(A=A, B=B)
+ok = bool(np.allclose(C, (A @ B) * 1.5))
+print(json.dumps({"ok": ok, **jit.stats.snapshot()}))
+"""
+
+
+def _env(cache_dir):
+    env = dict(os.environ, TULLIO_CACHE_DIR=str(cache_dir))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _start(cache_dir, script=SCRIPT):
+    return subprocess.Popen([sys.executable, "-c", script], env=_env(cache_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(p):
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _modules(cache_dir):
+    return sorted((Path(cache_dir) / "kernels").glob("_tullio_*.py"))
+
+
+def test_import_is_lazy():
+    script = ("import sys, tullio_py, json; print(json.dumps([m for m in ('numba', 'llvmlite', "
+              "'numba_cuda', 'sympy', 'torch', 'scipy') if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", script], env=_env(""), capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert json.loads(out) == []
+
+
+def test_processes_share_the_cache(tmp_path):
+    """Two processes compile the same kernel at once; a third loads it; a damaged file (here:
+    code that would kill the process if it ran) is rewritten, not executed."""
+    first = [_start(tmp_path), _start(tmp_path)]
+    results = [_finish(p) for p in first]
+    assert all(r["ok"] for r in results)
+    assert all(r["compiles"] + r["disk_hits"] == 1 for r in results)
+    assert sum(r["modules_written"] for r in results) >= 1
+    (module,) = _modules(tmp_path)          # one specialisation, one file
+    assert oct(module.stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "kernels").stat().st_mode & 0o777) == "0o700"
+    assert not list((tmp_path / "kernels").glob(".tmp-*"))
+
+    again = _finish(_start(tmp_path))
+    assert again["ok"]
+    assert (again["compiles"], again["disk_hits"]) == (0, 1)
+    assert (again["modules_reused"], again["modules_written"]) == (1, 0)
+
+    good = module.read_bytes()
+    module.write_bytes(b"import os\nos._exit(3)\n" + good[: len(good) // 2])
+    healed = _finish(_start(tmp_path))
+    assert healed["ok"] and healed["modules_rebuilt"] == 1
+    assert module.read_bytes() == good
+    # numba's cache is keyed by the module's content, which is the same again
+    assert healed["compiles"] == 0
+
+
+def _fresh(monkeypatch, path):
+    monkeypatch.setenv("TULLIO_CACHE_DIR", str(path))
+    cache._made.clear()
+
+
+def test_key_covers_expression_dtype_and_layout(tmp_path, monkeypatch):
+    _fresh(monkeypatch, tmp_path)
+    rng = np.random.default_rng(1)
+    A, B = rng.random((4, 3)), rng.random((3, 2))
+    k = kernel("C[i,k] := A[i,j] * B[j,k] * 0.5", threads=False)
+    variants = [
+        (k, dict(A=A, B=B)),
+        (k, dict(A=A.astype(np.float32), B=B.astype(np.float32))),      # dtype
+        (k, dict(A=np.asfortranarray(A), B=B)),                        # layout
+        (kernel("C[i,k] := A[i,j] * B[j,k] * 0.25", threads=False), dict(A=A, B=B)),  # expr
+    ]
+    for n, (kern, arrays) in enumerate(variants, 1):
+        before = jit.stats.snapshot()
+        C = kern(**arrays)
+        after = jit.stats.snapshot()
+        scale = 0.25 if n == 4 else 0.5
+        np.testing.assert_allclose(C, arrays["A"].astype(np.float64) @ arrays["B"] * scale,
+                                   rtol=1e-5)
+        assert after["modules_written"] == before["modules_written"] + 1
+        assert after["compiles"] + after["disk_hits"] == before["compiles"] + before["disk_hits"] + 1
+        assert len(_modules(tmp_path)) == n
+    # the same call again touches nothing
+    before = jit.stats.snapshot()
+    variants[1][0](**variants[1][1])
+    assert jit.stats.snapshot() == before
+
+
+def test_clear_cache_empties(tmp_path, monkeypatch):
+    _fresh(monkeypatch, tmp_path)
+    A = np.arange(6.0).reshape(2, 3)
+    k = kernel("s[i] := A[i,j] * 3.0", threads=False)
+    np.testing.assert_allclose(k(A=A), A.sum(1) * 3)
+    assert cache.store_pickle(("derivation", "x"), {"a": 1})
+    assert _modules(tmp_path) and cache.size() > 0
+    tullio_py.clear_cache()
+    left = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "CACHEDIR.TAG"]
+    assert left == [] and cache.size() == 0
+    assert cache.load_pickle(("derivation", "x")) is None
+    np.testing.assert_allclose(k(A=A), A.sum(1) * 3)   # loaded kernels keep working
+
+
+def test_disabled_cache_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TULLIO_CACHE_DIR", "")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache.directory() is None
+    before = jit.stats.snapshot()
+    A = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(kernel("s[i] := A[i,j] * 7.0", threads=False)(A=A), A.sum(1) * 7)
+    assert jit.stats.modules_written == before["modules_written"]
+    assert jit.stats.compiles == before["compiles"] + 1
+    assert not cache.store_pickle("k", 1) and cache.load_pickle("k") is None
+    assert list(tmp_path.rglob("*")) == []
+
+
+def test_default_directory(monkeypatch):
+    monkeypatch.delenv("TULLIO_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
+    if sys.platform.startswith("linux"):
+        assert cache.directory() == Path("/somewhere/tullio_py")
+    monkeypatch.setenv("TULLIO_CACHE_DIR", "~/x")
+    assert cache.directory() == Path(os.path.expanduser("~/x"))
+
+
+def test_pickles_round_trip_and_reject_damage(tmp_path, monkeypatch):
+    _fresh(monkeypatch, tmp_path)
+    key = ("grad", "C[i] := A[i,j]", "A")
+    assert cache.load_pickle(key) is None
+    assert cache.store_pickle(key, ["dA[i,j] += dC[i]"])
+    assert cache.load_pickle(key) == ["dA[i,j] += dC[i]"]
+    (path,) = (tmp_path / "pickles").glob("*.pkl")
+    blob = path.read_bytes()
+    path.write_bytes(blob[:-3])
+    assert cache.load_pickle(key) is None            # truncated: refused, not unpickled
+    path.write_bytes(blob)
+    assert cache.load_pickle(key) == ["dA[i,j] += dC[i]"]
+
+
+def test_size_bound_removes_least_recently_used(tmp_path, monkeypatch):
+    _fresh(monkeypatch, tmp_path)
+    kernels = tmp_path / "kernels"
+    cache._subdir("kernels")
+    now = time.time()
+    for n, stem in enumerate(["_tullio_old", "_tullio_mid", "_tullio_new"]):
+        py = kernels / f"{stem}.py"
+        py.write_bytes(b"x" * 1000)
+        (kernels / "__pycache__" / f"{stem}._tullio_kernel-3.py311.nbi").write_bytes(b"y" * 1000)
+        os.utime(py, (now - 1000 + 100 * n, now - 5000))   # last use: old < mid < new
+    assert cache.size() == 6000
+    assert cache.prune(limit=4500) == 1
+    names = sorted(p.name for p in kernels.rglob("*") if p.is_file())
+    assert names == ["_tullio_mid._tullio_kernel-3.py311.nbi", "_tullio_mid.py",
+                     "_tullio_new._tullio_kernel-3.py311.nbi", "_tullio_new.py"]
+    monkeypatch.setenv("TULLIO_CACHE_SIZE_MB", str(2500 / 2**20))
+    cache.prune()
+    assert [p.name for p in kernels.glob("*.py")] == ["_tullio_new.py"]

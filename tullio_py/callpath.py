@@ -1,0 +1,138 @@
+"""The fast call path of a Kernel: a call that looks like an earlier one replays it.
+
+What a call does beyond running the compiled loops -- checking the arrays, inferring ranges,
+choosing the output's shape and dtype, picking the specialisation, building the argument list --
+depends only on the names passed, each array's dtype, shape and strides, the types of scalar
+parameters, whether an in-place output is writeable, and the extrema of index arrays.  That is
+the key.  The first call with a key goes the full way and leaves behind a small generated
+function that allocates the output and calls the compiled kernel with its arguments in place
+(bounds baked in as constants); later calls with the same key run only that.
+
+The key is built by a function generated per kernel (no loops, no dict of shapes), so the
+overhead of a call is a few attribute reads, one dict lookup, the output allocation and numba's
+own dispatch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_ND = np.ndarray
+_SCALARS = (int, float, complex, bool)
+_MAX_ENTRIES = 256      # distinct keys remembered per kernel; past that, start again
+
+
+def _extrema(J):
+    return (int(J.min()), int(J.max())) if J.size else None
+
+
+class CallCache:
+    """Per Kernel: key of a call -> generated function that replays it."""
+
+    def __init__(self, eq, threads):
+        self.output = eq.output
+        self.in_place = eq.assign != ":="
+        self.params = frozenset(eq.params)
+        self.names = tuple(([eq.output] if self.in_place else []) + list(eq.arrays)
+                           + list(eq.params))
+        self.gathers = tuple(dict.fromkeys(g.array for g in eq.gathers()))
+        self.threads = threads if isinstance(threads, int) and not isinstance(threads, bool) \
+            else None
+        self.entries: dict = {}
+        self.key = self._key_function()
+        self.call = self._call_function()
+
+    # ------------------------------------------------------------------ generated code
+    def _key_function(self):
+        """def _key(arrays) -> tuple or None (None: this call cannot take the fast path)."""
+        v = {n: f"v{i}" for i, n in enumerate(self.names)}
+        lines = ["def _key(_a):",
+                 f"    if len(_a) != {len(self.names)}:",
+                 "        return None"]
+        if self.names:
+            lines += ["    try:"] + [f"        {v[n]} = _a[{n!r}]" for n in self.names]
+            lines += ["    except KeyError:", "        return None"]
+        parts = []
+        for n in self.names:
+            if n in self.params:
+                # a 0-d array parameter is keyed by its dtype; a Python scalar by its type
+                parts.append(f"({v[n]}.dtype if {v[n]}.__class__ is _ND and {v[n]}.ndim == 0 "
+                             f"else {v[n]}.__class__)")
+            else:
+                lines += [f"    if {v[n]}.__class__ is not _ND:", "        return None"]
+                parts += [f"{v[n]}.dtype", f"{v[n]}.shape", f"{v[n]}.strides"]
+        if self.in_place:
+            parts.append(f"{v[self.output]}.flags.writeable")
+        parts += [f"_extrema({v[g]})" for g in self.gathers]
+        lines.append(f"    return ({''.join(p + ', ' for p in parts)})")
+        ns = {"_ND": _ND, "_extrema": _extrema}
+        exec("\n".join(lines), ns)
+        return ns["_key"]
+
+    def _call_function(self):
+        """def _call(arrays) -> output array, or None when the call is not a known one."""
+        v = ", ".join(f"_a[{n!r}]" for n in self.names)
+        src = ("def _call(_a):\n"
+               "    _k = _key(_a)\n"
+               "    if _k is None:\n"
+               "        return None\n"
+               "    _e = _entries.get(_k)\n"
+               "    if _e is None:\n"
+               "        return None\n"
+               f"    return _e({v})\n")
+        ns = {"_key": self.key, "_entries": self.entries}
+        exec(src, ns)
+        return ns["_call"]
+
+    # ------------------------------------------------------------------ learning a call
+    def remember(self, kernel, given: dict, collected: dict, prepared, args, out, fill: bool):
+        """After a full call: record how `args` were made from the arrays in `given`.  Every
+        argument is the output, its snapshot, an input as passed, or a constant that the key
+        determines (loop bounds); anything else and the call is simply not remembered."""
+        try:
+            key = self.key(given)
+        except Exception:          # an odd object under an array's name: slow path decides
+            return
+        if key is None or prepared.fn is None:
+            return
+        var = {n: f"v{i}" for i, n in enumerate(self.names)}
+        consts: dict = {}
+        code = []
+        out_name = prepared.equation.output
+        for i, name in enumerate(prepared.source.args):
+            a = args[i]
+            if name == out_name:
+                code.append("_out.reshape(1)" if out.ndim == 0 else "_out")
+            elif name.startswith("_old_"):
+                code.append("_out.copy().reshape(1)" if out.ndim == 0 else "_out.copy()")
+            elif name in var and name in collected and a is collected[name]:
+                item = name in self.params and given[name].__class__ is _ND
+                code.append(var[name] + (".item()" if item else ""))
+            elif isinstance(a, (int, float, bool, np.integer, np.floating)):
+                consts[f"_c{i}"] = a
+                code.append(f"_c{i}")
+            else:
+                return
+        body = [f"def _entry({', '.join(var[n] for n in self.names)}):"]
+        if self.in_place:
+            body.append(f"    _out = {var[self.output]}")
+        elif fill:
+            body.append("    _out = _full(_shape, _pad, _dtype)")
+        else:
+            body.append("    _out = _empty(_shape, _dtype)")
+        body.append("    _k._last = _prepared")
+        call = f"_fn({', '.join(code)})"
+        if prepared.source.parallel and self.threads is not None:
+            body += ["    _set(_n)", "    try:", f"        {call}", "    finally:",
+                     "        _set(None)"]
+        else:
+            body.append(f"    {call}")
+        body.append("    return _out")
+        from . import jit
+        ns = {"_full": np.full, "_empty": np.empty, "_shape": out.shape, "_dtype": out.dtype,
+              "_pad": kernel.pad, "_k": kernel, "_prepared": prepared, "_fn": prepared.fn,
+              "_set": jit.set_threads, "_n": self.threads and min(self.threads, jit.max_threads()),
+              **consts}
+        exec("\n".join(body), ns)
+        if len(self.entries) >= _MAX_ENTRIES:
+            self.entries.clear()
+        self.entries[key] = ns["_entry"]
