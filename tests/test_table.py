@@ -187,6 +187,15 @@ TABLE = [
                                               J=np.array([2, 0, 2, 2, 1])),
       numpy=lambda a: np.stack([np.bincount(a["J"], a["w"][:, c], minlength=3)
                                 for c in range(2)], 1)),
+    # threaded: scatters and shifted left sides must not race (bigger arrays so threads engage)
+    T("H[J[i]] += w[i]", lambda r: dict(H=np.zeros(5), w=f64(r, 3000),
+                                        J=r.integers(0, 5, 3000)),
+      numpy=lambda a: np.bincount(a["J"], a["w"], minlength=5), opts=dict(threads=True),
+      tag="threads"),
+    T("y[i+j] += x[i] * h[j]", lambda r: dict(y=np.zeros(402), x=f64(r, 400), h=f64(r, 3)),
+      numpy=lambda a: np.convolve(a["x"], a["h"]), opts=dict(threads=4), tag="threads=4"),
+    T(MATMUL, lambda r: dict(A=f64(r, 30, 20), B=f64(r, 20, 7)), numpy=lambda a: a["A"] @ a["B"],
+      opts=dict(threads=True), tag="threads"),
     # ------------------------------------------------------------ naked indices, masks, where
     T("A[i,j] := i + 10*j", lambda r: dict(), opts=dict(ranges={"i": 3, "j": 4}),
       numpy=lambda a: np.add.outer(np.arange(3), 10 * np.arange(4))),
