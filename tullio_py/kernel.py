@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import callpath, codegen, jit, ranges as ranges_mod, rewrite, schedule
+from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
 from .ir import (FLOAT_FUNCS, Access, Binary, Call, Equation, Gather, IndexValue, Param, Unary,
                  Wrapped, walk)
@@ -245,6 +246,8 @@ class Kernel:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, **arrays):
+        if self.target != "cpu" and self.target != "python" and _cuda.wants_cuda(self, arrays):
+            return _cuda.call(self, arrays)
         out = self._calls.call(arrays)      # same names, dtypes, shapes as an earlier call
         if out is not None:
             return out

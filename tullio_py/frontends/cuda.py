@@ -1,0 +1,276 @@
+"""CUDA arrays in, CUDA arrays out (target "cuda").
+
+Torch CUDA tensors, CuPy arrays and numba device arrays are viewed through
+`__cuda_array_interface__` (no copies); the result is allocated by the inputs' own library, so
+torch in gives torch out.  numpy inputs with `target="cuda"` are copied to the device and the
+result copied back (an in-place output is updated in place).  GPU and host arrays in one call
+are an error rather than a silent copy.
+
+The checks a CPU call makes (names, ranks, dtypes, ranges, gathers' bounds) run unchanged on
+zero-stride host placeholders of the device arrays' shapes and dtypes, so errors read the same
+on every target.  numba is imported only when a call runs here (`import tullio_py` stays fast).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import codegen_cuda, jit, ranges as ranges_mod, rewrite, schedule
+from ..errors import ArgumentError
+
+
+# ----------------------------------------------------------------------------- where arrays live
+def on_device(v) -> bool:
+    """Whether v is an array in GPU memory (never copies, never imports a library)."""
+    if isinstance(v, (np.ndarray, np.generic, int, float, complex, list, tuple)):
+        return False
+    mod = type(v).__module__
+    if mod.startswith("torch"):
+        return getattr(v, "is_cuda", False) is True
+    if mod.startswith("numba"):        # numba's device arrays, also the simulator's
+        return hasattr(v, "copy_to_host")
+    try:
+        return hasattr(v, "__cuda_array_interface__")
+    except Exception:                  # some libraries raise other errors from the property
+        return False
+
+
+def wants_cuda(kernel, arrays: dict) -> bool:
+    """target="cuda", or target="auto" with some input on a GPU."""
+    if kernel.target == "cuda":
+        return True
+    return kernel.target == "auto" and any(
+        v.__class__ is not np.ndarray and on_device(v) for v in arrays.values())
+
+
+def _library(v) -> str:
+    mod = type(v).__module__.split(".")[0]
+    return mod if mod in ("torch", "cupy") else "numba"
+
+
+def _as_numba(v):
+    """A numba device array viewing v's memory."""
+    from numba import cuda
+    if type(v).__module__.startswith("numba"):
+        return v
+    if type(v).__module__.startswith("torch"):
+        v = v.detach()
+    return cuda.as_cuda_array(v)
+
+
+def _ghost(shape, dtype) -> np.ndarray:
+    """A writeable host array of this shape and dtype backed by one element (zero strides): what
+    the CPU-side checks and range inference look at."""
+    dtype = np.dtype(dtype)
+    return np.ndarray(tuple(shape), dtype, buffer=bytearray(max(dtype.itemsize, 1)),
+                      strides=(0,) * len(shape))
+
+
+def _one_d(a):
+    """0-d arrays are passed as one element, as on the CPU."""
+    return a.reshape(1) if len(a.shape) == 0 else a
+
+
+# ----------------------------------------------------------------------------- preparation
+@dataclass(frozen=True)
+class Prepared:
+    fns: dict
+    source: codegen_cuda.CudaSource
+    plan: schedule.Plan
+    equation: object
+    snapshot: bool
+
+
+def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
+    """(Prepared, ranges of the rewritten equation, extra bound parameters): the shifted-LHS
+    rewrite and in-place snapshot exactly as on the CPU, then the CUDA source, cached."""
+    from ..kernel import _reads_output_elsewhere, _rename_reads
+    eq = kernel.equation
+    solved = rewrite.solve(eq)
+    call_ranges, extra = rng, {}
+    work_eq = eq
+    if solved is not None:
+        work_eq = solved.equation
+        call_ranges, extra = rewrite.solved_ranges(solved, rng, out_shape)
+    snapshot = _reads_output_elsewhere(work_eq)
+    if snapshot:
+        work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
+    key = ("cuda", str(work_eq), dtype.str,
+           tuple((n, a.dtype.str, a.ndim) if isinstance(a, np.ndarray) else (n, type(a).__name__)
+                 for n, a in sorted(checked.items())))
+    prepared = kernel._prepared.get(key)
+    if prepared is None:
+        plan = schedule.plan(work_eq, call_ranges, dtype.name, threads=False,
+                             pad_value=kernel.pad, fastmath=kernel.fastmath)
+        source = codegen_cuda.render(plan)
+        if kernel.verbose >= 2:
+            print(source.text)
+        prepared = Prepared(jit.load_cuda(source), source, plan, work_eq, snapshot)
+        kernel._prepared[key] = prepared
+    return prepared, call_ranges, extra
+
+
+def check(kernel, shapes_dtypes: dict, params: dict, extrema: dict):
+    """The CPU call's checks on placeholders: (checked arrays, ranges, out dtype, out shape)."""
+    from ..kernel import result_dtype
+    eq = kernel.equation
+    ghosts = {n: _ghost(s, d) for n, (s, d) in shapes_dtypes.items()}
+    checked = kernel._collect({**ghosts, **params})
+    kernel._check_gathers(checked, extrema)
+    shapes = {n: a.shape for n, a in checked.items() if isinstance(a, np.ndarray)}
+    rng = ranges_mod.infer(eq, shapes, extrema, kernel.given)
+    if eq.assign == ":=":
+        dtype = result_dtype(eq, checked)
+        shape = ranges_mod.output_shape(eq, rng, extrema)
+    else:
+        dtype, shape = checked[eq.output].dtype, checked[eq.output].shape
+    return checked, rng, np.dtype(dtype), tuple(shape)
+
+
+def arguments(prepared: Prepared, eq, values: dict, call_ranges: dict, extra: dict) -> list:
+    """Positional arguments of the generated kernels; `values` maps array names (and
+    "_old_<out>", "_red") to what is passed."""
+    args = []
+    for name in prepared.source.args:
+        if name.startswith("_start_"):
+            args.append(call_ranges[name[7:]].start)
+        elif name.startswith("_stop_"):
+            args.append(call_ranges[name[6:]].stop)
+        elif name in extra:
+            args.append(extra[name])
+        else:
+            args.append(values[name])
+    return args
+
+
+# ----------------------------------------------------------------------------- the call
+def call(kernel, arrays: dict):
+    from numba import cuda
+    eq = kernel.equation
+    params = {}
+    for n in eq.params:
+        if n in arrays:
+            v = arrays[n]
+            params[n] = np.asarray(_as_numba(v).copy_to_host()).reshape(()).item() \
+                if on_device(v) else v
+    names = [n for n in arrays if n not in params]
+    on_gpu = [n for n in names if on_device(arrays[n])]
+    on_host = [n for n in names if n not in on_gpu and not isinstance(arrays[n], (int, float, complex))]
+    if on_gpu and on_host:
+        raise ArgumentError(
+            f"arrays in GPU memory ({', '.join(on_gpu)}) and in host memory "
+            f"({', '.join(on_host)}) in one call", eq.text, None,
+            "move them all to the GPU, or pass only host arrays with target='cuda' (copied to "
+            "the device and back)")
+    host_mode = not on_gpu
+    dev, host = {}, {}
+    for n in names:
+        if host_mode:
+            h = np.asarray(arrays[n])
+            host[n] = h
+            dev[n] = cuda.to_device(h if h.flags.c_contiguous else np.ascontiguousarray(h))
+        else:
+            dev[n] = _as_numba(arrays[n])
+    lib = "numba"
+    if on_gpu:
+        libs = {_library(arrays[n]) for n in on_gpu}
+        lib = "torch" if "torch" in libs else "cupy" if "cupy" in libs else "numba"
+    extrema = {}
+    for g in eq.gathers():
+        if g.array in dev and g.array not in extrema and int(np.prod(dev[g.array].shape)):
+            J = host[g.array] if host_mode else dev[g.array].copy_to_host()
+            extrema[g.array] = (int(J.min()), int(J.max()))
+    checked, rng, dtype, out_shape = check(
+        kernel, {n: (d.shape, d.dtype) for n, d in dev.items()}, params, extrema)
+    ref = arrays[on_gpu[0]] if on_gpu else None
+    if eq.assign == ":=":
+        fill = kernel.pad if kernel._needs_fill() else None
+        out, user_out = _alloc(lib, out_shape, dtype, fill, ref)
+    else:
+        out, user_out = dev[eq.output], arrays[eq.output]
+    prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)
+    src = prepared.source
+    values = {n: _one_d(d) for n, d in dev.items()}
+    values.update(params)
+    values[eq.output] = _one_d(out)
+    if prepared.snapshot:
+        values["_old_" + eq.output] = _one_d(_copy(out))
+    cfg = codegen_cuda.launch_config(src, [len(call_ranges[v]) for v in src.threaded],
+                                     kernel.threads)
+    if src.kind == "scalar":
+        size = 1 if src.atomic else (int(np.prod(cfg[0])) if cfg else 0)
+        values["_red"] = cuda.device_array(size, np.dtype(src.scratch))
+    args = arguments(prepared, prepared.equation, values, call_ranges, extra)
+    stream = _stream(lib, ref)
+    for name in src.kernels:
+        fn = prepared.fns[name]
+        if name == "_tullio_finish" or (name == "_tullio_init" and src.kind == "scalar"):
+            fn[1, 1, stream](*args)
+        elif cfg is not None:
+            grid, block, shmem = cfg
+            fn[grid, block, stream, shmem](*args)
+    kernel._last = prepared
+    if host_mode:
+        result = out.copy_to_host().reshape(out_shape)
+        if eq.assign == ":=":
+            return result
+        host_out = arrays[eq.output]
+        host_out[...] = result
+        return host_out
+    if eq.assign != ":=":
+        return user_out
+    return user_out.reshape(out_shape) if lib != "numba" else (
+        user_out if len(out_shape) else user_out.reshape(()) if _can_0d(user_out) else user_out)
+
+
+def _can_0d(a) -> bool:
+    try:
+        a.reshape(())
+        return True
+    except Exception:
+        return False
+
+
+def _alloc(lib: str, shape, dtype: np.dtype, fill, ref):
+    """(numba view, the library's own array) of a new output; 0-d outputs get one element."""
+    from numba import cuda
+    phys = tuple(shape) or (1,)
+    if lib == "torch":
+        torch = sys.modules["torch"]
+        tdt = torch.from_numpy(np.empty(0, dtype)).dtype
+        t = torch.empty(phys, dtype=tdt, device=ref.device) if fill is None else \
+            torch.full(phys, fill, dtype=tdt, device=ref.device)
+        return cuda.as_cuda_array(t), t
+    if lib == "cupy":
+        cp = sys.modules["cupy"]
+        a = cp.empty(phys, dtype) if fill is None else cp.full(phys, fill, dtype)
+        return cuda.as_cuda_array(a), a
+    if fill is None:
+        d = cuda.device_array(phys, dtype)
+    else:
+        d = cuda.to_device(np.full(phys, fill, dtype))
+    return d, d
+
+
+def _copy(a):
+    """A device copy of a device array (the snapshot an in-place statement reads)."""
+    from numba import cuda
+    try:
+        c = cuda.device_array(a.shape, a.dtype)
+        c.copy_to_device(a)
+        return c
+    except Exception:          # layouts copy_to_device refuses: through the host
+        return cuda.to_device(np.ascontiguousarray(a.copy_to_host()))
+
+
+def _stream(lib: str, ref):
+    """Launch on the stream the inputs' library is using, so work stays ordered with it."""
+    from numba import cuda
+    if lib == "torch":
+        torch = sys.modules["torch"]
+        return cuda.external_stream(torch.cuda.current_stream(ref.device).cuda_stream)
+    if lib == "cupy":
+        return cuda.external_stream(sys.modules["cupy"].cuda.get_current_stream().ptr)
+    return 0
