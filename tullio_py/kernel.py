@@ -246,6 +246,10 @@ class Kernel:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, **arrays):
+        torch = sys.modules.get("torch")    # torch tensors go to their frontend (torch loaded)
+        if torch is not None and any(isinstance(v, torch.Tensor) for v in arrays.values()):
+            from .frontends import torch as torch_frontend
+            return torch_frontend.call(self, arrays)
         if self.target != "cpu" and self.target != "python" and _cuda.wants_cuda(self, arrays):
             return _cuda.call(self, arrays)
         out = self._calls.call(arrays)      # same names, dtypes, shapes as an earlier call

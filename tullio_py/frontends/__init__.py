@@ -1,0 +1,1 @@
+"""Array frontends chosen by the type of the arrays passed to a kernel, each imported lazily."""

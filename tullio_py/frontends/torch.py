@@ -1,0 +1,314 @@
+"""torch tensors in, torch tensors out, differentiable through torch autograd.
+
+`Kernel.__call__` hands a call here when any argument is a torch tensor.  CPU tensors reach the
+compiled loops as numpy views of their memory (`detach().numpy()`, no copy; any strides), after
+resolving lazy conjugate/negative bits.  float16/bfloat16 have no numba loops: they are computed
+in float32 and cast back.  The result dtype follows torch's promotion rules (dimensioned tensors
+over 0-d tensors over Python scalars; integer inputs with a float operation give torch's default
+dtype), which can differ from numpy's: the numpy result is cast when it does.
+
+Autograd: when grad mode is on and a differentiable input requires grad, the call goes through
+`_Apply` (a `torch.autograd.Function`) whose backward runs the kernel's gradient kernels
+(`Kernel.vjp`) for exactly the inputs in `ctx.needs_input_grad`.  It saves, through
+`ctx.save_for_backward` (so torch's version counters catch in-place changes after the forward),
+only the tensors the gradient equations of the differentiable inputs read; the others are
+replaced in backward by zero-stride placeholders of the right shape, which the gradient
+kernels use only for range inference.  Double backward raises a GradientError (the
+first-order gradients made under create_graph=True carry a node whose backward raises), never
+a silently missing second-order term.
+
+Under `torch.compile` the same computation is two custom ops (`tullio_py::forward`,
+`tullio_py::vjp`, see torch_ops.py) with fake implementations and a registered autograd formula,
+so a compiled model keeps one graph.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import ArgumentError, GradientError
+from ..ir import walk
+from . import vjp as vjp_mod
+
+_HALF = (torch.float16, torch.bfloat16)
+_CATEGORY = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
+
+
+# ----------------------------------------------------------------------------- conversion
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor's memory where possible (a copy only to resolve a lazy
+    conj/neg bit or to widen half precision)."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.dtype in _HALF:
+        t = t.float()
+    return t.numpy()
+
+
+def placeholder(shape, dtype) -> np.ndarray:
+    """An array of the given shape that owns no memory (every stride 0): for range inference
+    where the values are never read."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
+
+
+def _category(dt: torch.dtype) -> int:
+    if dt == torch.bool:
+        return 0
+    if dt.is_complex:
+        return 3
+    return 2 if dt.is_floating_point else 1
+
+
+def torch_result_dtype(kernel, values: dict, np_dtype: np.dtype) -> torch.dtype:
+    """torch's promotion of the values the right-hand side reads (index arrays excluded), given
+    the dtype numpy's rules chose (which tells whether the body makes integers float)."""
+    eq = kernel.equation
+    index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
+    dim, zero, scalars = None, None, []
+    for n in dict.fromkeys([a.array for a in eq.accesses()] + list(eq.params)):
+        if n in index_only or n not in values:
+            continue
+        v = values[n]
+        if isinstance(v, torch.Tensor):
+            if v.ndim and n not in eq.params:
+                dim = v.dtype if dim is None else torch.promote_types(dim, v.dtype)
+            else:
+                zero = v.dtype if zero is None else torch.promote_types(zero, v.dtype)
+        elif isinstance(v, np.ndarray):
+            dt = _torch_dtype(v.dtype)
+            if v.ndim and n not in eq.params:
+                dim = dt if dim is None else torch.promote_types(dim, dt)
+            else:
+                zero = dt if zero is None else torch.promote_types(zero, dt)
+        else:
+            scalars.append(v)
+    scalars += [n.value for n in walk(eq.rhs) if n.__class__.__name__ == "Const"]
+    out = dim
+    if zero is not None and (out is None or _category(zero) > _category(out)):
+        out = zero
+    for s in scalars:
+        cat = 0 if isinstance(s, (bool, np.bool_)) else 3 if isinstance(s, complex) else \
+            2 if isinstance(s, (float, np.floating)) else 1
+        if out is None or cat > _category(out):
+            out = {0: torch.bool, 1: torch.int64, 2: torch.get_default_dtype(),
+                   3: _complex_of(torch.get_default_dtype())}[cat] if out is None or cat != 3 \
+                or not out.is_floating_point else _complex_of(out)
+    if out is None:
+        return _torch_dtype(np_dtype)
+    kind = np_dtype.kind
+    if kind in "fc" and _category(out) < 2:
+        out = torch.get_default_dtype() if kind == "f" else _complex_of(torch.get_default_dtype())
+    elif kind in "iu" and out == torch.bool:
+        out = torch.int64
+    return out
+
+
+def _complex_of(dt: torch.dtype) -> torch.dtype:
+    return {torch.float64: torch.complex128, torch.float16: torch.complex32}.get(
+        dt, torch.complex64)
+
+
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dt)).dtype
+
+
+def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
+    t = torch.from_numpy(np.asarray(a))
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+# ----------------------------------------------------------------------------- the call
+def call(kernel, arrays: dict):
+    eq = kernel.equation
+    tensors = {n: v for n, v in arrays.items() if isinstance(v, torch.Tensor)}
+    devices = {t.device.type for t in tensors.values()}
+    if devices - {"cpu"}:
+        return _cuda_call(kernel, arrays, devices)
+    if eq.assign != ":=":
+        return _in_place(kernel, arrays, tensors)
+    if torch.compiler.is_compiling():
+        from . import torch_ops
+        return torch_ops.compiled_call(kernel, arrays)
+    spec = Spec.of(kernel, arrays)
+    if not (torch.is_grad_enabled() and any(arrays[n].requires_grad for n in spec.diff)):
+        return run_forward(spec, [arrays[n] for n in spec.tensors], spec.scalar_values(arrays))
+    return _Apply.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
+
+
+class Spec:
+    """What one call passes: the kernel, which names are tensors (in a fixed order), which are
+    Python scalars or numpy arrays, and which tensors can carry a gradient."""
+
+    def __init__(self, kernel, tensors: tuple, others: tuple, diff: tuple):
+        self.kernel, self.tensors, self.others, self.diff = kernel, tensors, others, diff
+
+    @classmethod
+    def of(cls, kernel, arrays: dict) -> "Spec":
+        eq = kernel.equation
+        index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
+        nograd = set(kernel.options.get("nograd") or ())
+        tensors = tuple(n for n, v in arrays.items() if isinstance(v, torch.Tensor))
+        others = tuple(n for n in arrays if n not in tensors)
+        diff = tuple(n for n in tensors if n not in index_only and n not in nograd
+                     and (arrays[n].is_floating_point() or arrays[n].is_complex()))
+        return cls(kernel, tensors, others, diff)
+
+    def scalar_values(self, arrays: dict) -> dict:
+        return {n: arrays[n] for n in self.others}
+
+
+def run_forward(spec: Spec, tensors, others: dict) -> torch.Tensor:
+    """Forward without autograd: numpy views in, the numpy result wrapped (no copy unless
+    torch's result dtype differs from numpy's)."""
+    values = dict(zip(spec.tensors, tensors))
+    np_arrays = {n: _param(t) if n in spec.kernel.equation.params else to_numpy(t)
+                 for n, t in values.items()}
+    np_arrays.update(others)
+    out = spec.kernel(**np_arrays)
+    return to_torch(out, torch_result_dtype(spec.kernel, {**values, **others},
+                                            np.asarray(out).dtype))
+
+
+def _param(t: torch.Tensor):
+    """A tensor passed as a scalar parameter: its value (the kernels take parameters as
+    runtime scalars)."""
+    if t.numel() != 1:
+        raise ArgumentError(f"a scalar parameter must be a single number, got a tensor of shape "
+                            f"{tuple(t.shape)}")
+    return t.detach().reshape(()).numpy()
+
+
+def run_backward(spec: Spec, others: dict, saved: dict, shapes: dict, gout: torch.Tensor, out,
+                 needs) -> list:
+    """Gradients (torch tensors, or None) for spec.tensors, computed by the kernel's vjp for
+    the names in `needs`; arrays not saved are zero-stride placeholders."""
+    kernel = spec.kernel
+    np_arrays = {}
+    for n in spec.tensors:
+        if n in saved:
+            np_arrays[n] = _param(saved[n]) if n in kernel.equation.params \
+                else to_numpy(saved[n])
+        else:
+            shape, dt = shapes[n]
+            np_arrays[n] = placeholder(shape, _np_compute_dtype(dt))
+    np_arrays.update(others)
+    grads = vjp_mod.vjp(kernel, to_numpy(gout), np_arrays, needs,
+                             None if out is None else to_numpy(out))
+    result = []
+    for n in spec.tensors:
+        if n in needs and grads.get(n) is not None:
+            dt = shapes[n][1]
+            g = grads[n]
+            result.append(to_torch(g, dt) if np.ndim(g) or n not in kernel.equation.params
+                          else torch.tensor(g, dtype=dt).reshape(shapes[n][0]))
+        else:
+            result.append(None)
+    return result
+
+
+def _np_compute_dtype(dt: torch.dtype) -> np.dtype:
+    if dt in _HALF:
+        return np.dtype(np.float32)
+    return torch.empty(0, dtype=dt).numpy().dtype
+
+
+class _Apply(torch.autograd.Function):
+    """out = kernel(**arrays) as one autograd node; backward = the kernel's vjp."""
+
+    @staticmethod
+    def forward(ctx, spec: Spec, others: dict, *tensors):
+        out = run_forward(spec, tensors, others)
+        values = dict(zip(spec.tensors, tensors))
+        needs = {n for n, t in values.items() if n in spec.diff and t.requires_grad}
+        complex_mode = any(t.is_complex() for t in tensors) or out.is_complex()
+        keep, keep_out = vjp_mod.reads(spec.kernel, needs, complex_mode)
+        keep = [n for n in spec.tensors if n in keep]
+        ctx.spec, ctx.keep, ctx.keep_out = spec, keep, keep_out
+        ctx.shapes = {n: (tuple(t.shape), t.dtype) for n, t in values.items()}
+        ctx.others = others
+        ctx.save_for_backward(*[values[n] for n in keep], *([out] if keep_out else []))
+        if not out.is_floating_point() and not out.is_complex():
+            ctx.mark_non_differentiable(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, gout):
+        saved = ctx.saved_tensors
+        spec = ctx.spec
+        values = dict(zip(ctx.keep, saved))
+        out = saved[-1] if ctx.keep_out else None
+        needs = {n for n, want in zip(spec.tensors, ctx.needs_input_grad[2:])
+                 if want and n in spec.diff}
+        with torch.no_grad():
+            grads = run_backward(spec, ctx.others, values, ctx.shapes, gout, out, needs)
+        if torch.is_grad_enabled():         # create_graph=True: make second order fail loudly
+            grads = _no_second_order(spec, grads, [gout, *saved])
+        return (None, None, *grads)
+
+
+def _no_second_order(spec: Spec, grads: list, deps: list) -> list:
+    deps = [d for d in deps if d.requires_grad]
+    made = [g for g in grads if g is not None]
+    if not deps or not made:
+        return grads
+    wrapped = iter(_NoSecondOrder.apply(spec, len(made), *made, *deps))
+    return [None if g is None else next(wrapped) for g in grads]
+
+
+class _NoSecondOrder(torch.autograd.Function):
+    """Identity on first-order gradients, tied to what they depend on, whose backward raises:
+    a second derivative through a tullio_py kernel is an error, never a silently missing term."""
+
+    @staticmethod
+    def forward(ctx, spec, n, *tensors):
+        ctx.text = spec.kernel.text
+        return tuple(t.view_as(t) for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise GradientError("double backward (a gradient of a gradient) through a tullio_py "
+                            "kernel is not supported", ctx.text, None,
+                            "differentiate once, or write the first derivative as its own "
+                            "tullio_py expression")
+
+
+# ----------------------------------------------------------------------------- in place
+def _in_place(kernel, arrays: dict, tensors: dict):
+    """`=`, `+=`, ... into a tensor's own memory.  Not differentiable through torch: a
+    recorded in-place statement is the Tape's business."""
+    eq = kernel.equation
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
+        names = [n for n, t in tensors.items() if t.requires_grad]
+        raise ArgumentError(
+            f"in-place '{eq.assign}' with tensors that require grad ({', '.join(names)}) is not "
+            "differentiable through torch autograd", eq.text, eq.lhs.span,
+            "use ':=' to make a new tensor, or run the statement under torch.no_grad()")
+    out = arrays[eq.output]
+    np_arrays = {n: (_param(v) if n in eq.params else to_numpy(v))
+                 if isinstance(v, torch.Tensor) else v for n, v in arrays.items()}
+    direct = isinstance(out, torch.Tensor) and out.dtype not in _HALF \
+        and not out.is_conj() and not out.is_neg()
+    if direct:
+        np_arrays[eq.output] = out.detach().numpy()
+    kernel(**np_arrays)
+    if isinstance(out, torch.Tensor):
+        if direct:
+            torch.autograd.graph.increment_version(out)
+        else:
+            with torch.no_grad():
+                out.copy_(torch.from_numpy(np_arrays[eq.output]))
+    return out
+
+
+# ----------------------------------------------------------------------------- CUDA
+def _cuda_call(kernel, arrays: dict, devices: set):
+    eq = kernel.equation
+    if len(devices | {"cpu"} if any(isinstance(v, np.ndarray) for v in arrays.values())
+           else devices) > 1:
+        raise ArgumentError(f"arrays on different devices ({', '.join(sorted(devices))})",
+                            eq.text, None, "move every tensor to the same device")
+    raise ArgumentError("torch CUDA tensors are not supported yet: the CUDA target is pending",
+                        eq.text, None, "call .cpu() on the tensors")

@@ -1,0 +1,58 @@
+"""What a frontend's backward needs from a Kernel: which arrays the gradients of a subset of
+inputs read (so a forward keeps only those alive), and the vjp for exactly that subset.
+
+The subset is expressed with the kernel's own `nograd=` option: the kernel for the same
+expression with every other input in `nograd` derives (and compiles) only the gradients asked
+for.  Kernels are cached per expression and options, so each subset is derived once.
+"""
+from __future__ import annotations
+
+from ..errors import GradientError
+
+
+def subset_kernel(kernel, needs):
+    """The kernel for the same expression whose vjp returns only the gradients in `needs`."""
+    from ..kernel import kernel as make
+    eq = kernel.equation
+    read = {a.array for a in eq.accesses()}
+    others = tuple(sorted((read - set(needs)) | set(kernel.options.get("nograd") or ())))
+    if others == tuple(sorted(kernel.options.get("nograd") or ())):
+        return kernel
+    options = {k: v for k, v in kernel.options.items() if k != "nograd"}
+    return make(kernel.text, **options, nograd=others)
+
+
+def reads(kernel, needs, complex_mode: bool = False) -> tuple[set[str], bool]:
+    """(arrays and parameters the gradients of `needs` read, whether they read the output)."""
+    if not needs:
+        return set(), False
+    eq = kernel.equation
+    try:
+        from .. import grad
+    except ImportError:                 # no gradients available: keep everything
+        return set(eq.arrays) | set(eq.params), True
+    nograd = tuple(sorted({a.array for a in eq.accesses()} - set(needs)))
+    d = grad.derive(eq, nograd, complex_mode)
+    if d.error:
+        return set(eq.arrays) | set(eq.params), True
+    made = {h.output for h in d.helpers} | {d.cotangent} | {g for _, g in d.gradient_names}
+    names: set[str] = set()
+    for e in list(d.helpers) + [e for _, eqs in d.grads for e in eqs]:
+        names |= set(e.arrays) | set(e.params)
+        names |= {g.array for g in e.gathers()}
+    keep = (names - made) & (set(eq.arrays) | set(eq.params) | {eq.output})
+    return keep - {eq.output}, eq.output in keep
+
+
+def vjp(kernel, cotangent, arrays: dict, needs, out=None) -> dict:
+    """{name: gradient} for the names in `needs` (numpy arrays in and out)."""
+    if not needs:
+        return {}
+    if not hasattr(kernel, "vjp"):
+        raise GradientError("gradients are not available in this build of tullio_py",
+                            kernel.text)
+    sub = subset_kernel(kernel, needs)
+    if out is not None:
+        arrays = {**arrays, kernel.equation.output: out}
+    grads = sub.vjp(cotangent, **arrays)
+    return {n: g for n, g in grads.items() if n in needs}
