@@ -74,7 +74,15 @@ class _CudaRender(_Render):
 
     def bounds(self, v: str, outer: set, guards) -> tuple[str, str, list[str]]:
         """(start, stop, checks) of index v's loop, clipped by the guards as on the CPU."""
-        return self.loop_bounds(Loop(v), outer, guards)
+        if hasattr(self, "loop_bounds"):
+            return self.loop_bounds(Loop(v), outer, guards)
+        head, checks = self.loop_header(Loop(v), outer, guards)      # "for v in range(a, b):"
+        inner, depth = head[head.index("range(") + 6:-2], 0
+        for k, ch in enumerate(inner):
+            depth += (ch == "(") - (ch == ")")
+            if ch == "," and depth == 0:
+                return inner[:k].strip(), inner[k + 1:].strip(), checks
+        raise AssertionError(head)
 
 
 class _Lines:

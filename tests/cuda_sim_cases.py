@@ -1,0 +1,192 @@
+"""CUDA target on numba-cuda's simulator.  Not collected by a plain `pytest` run: the simulator
+must be switched on before numba is imported, so tests/test_cuda_sim.py runs this file in its
+own process with NUMBA_ENABLE_CUDASIM=1 (or run it so yourself).
+
+Every forward entry of the expression table and the gradient equations of every differentiable
+entry run on target="cuda" and are compared with the CPU code (target="python": the CPU
+generator's code, uncompiled) and the reference interpreter; then the CUDA-only paths: scatters
+with atomics, block reductions, flattened grids, multi-block grid-stride loops, device arrays in
+and out, and the errors.
+"""
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+    pytest.skip("run with NUMBA_ENABLE_CUDASIM=1 (tests/test_cuda_sim.py does)",
+                allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_table import IDS, TABLE, _assert_same, _expected  # noqa: E402
+
+from numba import cuda  # noqa: E402
+from tullio_py import TullioError, kernel, tullio  # noqa: E402
+
+
+def _quiet(f, *a, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return f(*a, **kw)
+
+
+def test_simulator_is_on():
+    assert cuda.simulator_enabled if hasattr(cuda, "simulator_enabled") else True
+    assert type(cuda.to_device(np.zeros(1))).__name__ == "FakeCUDAArray"
+
+
+@pytest.mark.parametrize("n", range(len(TABLE)), ids=IDS)
+def test_forward_table(n):
+    t = TABLE[n]
+    arrays, expected, ranges, eq = _expected(n)
+    fresh = lambda: {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in arrays.items()}
+    inputs = fresh()
+    got = _quiet(tullio, t.expr, **{**t.opts, "target": "cuda"}, **inputs)
+    cpu = _quiet(tullio, t.expr, **{**t.opts, "target": "python"}, **fresh())
+    if eq.assign != ":=":
+        assert got is inputs[eq.output]
+    _assert_same(np.asarray(got), expected)
+    _assert_same(np.asarray(got), np.asarray(cpu))
+    assert kernel(t.expr, **{**t.opts, "target": "cuda"})._last.source.text.startswith("#")
+
+
+def _gradient_case(n):
+    """(arrays, cotangent, CPU vjp, gradient equations) of entry n, or None if it has none."""
+    t = TABLE[n]
+    arrays, expected, ranges, eq = _expected(n)
+    if eq.assign != ":=" or t.opts.get("ranges") or expected.dtype.kind != "f":
+        return None
+    k = kernel(t.expr, **{**t.opts, "target": "python"})
+    dout = np.random.default_rng(n).standard_normal(expected.shape).astype(expected.dtype)
+    try:
+        grads = _quiet(k.vjp, dout, **arrays)
+    except (TullioError, NotImplementedError):    # entries without a gradient (or not yet)
+        return None
+    return arrays, dout, grads, k.gradient_equations
+
+
+@pytest.mark.parametrize("n", range(len(TABLE)), ids=IDS)
+def test_gradient_equations_table(n):
+    """The printed gradient equations, run with tullio(target="cuda"), give the CPU vjp."""
+    case = _gradient_case(n)
+    if case is None:
+        pytest.skip("no gradient for this entry")
+    arrays, dout, grads, equations = case
+    eq = TABLE[n]
+    out_name = kernel(eq.expr, **{**eq.opts, "target": "python"}).equation.output
+    out = _quiet(tullio, eq.expr, **{**eq.opts, "target": "python"}, **arrays)
+    for name, eqs in equations.items():
+        if name not in grads:
+            continue
+        ns = {**arrays, out_name: out, "d" + out_name: dout,
+              "d" + name: np.zeros(np.shape(arrays[name]), grads[name].dtype)}
+        for text in eqs:
+            k = kernel(text, target="cuda")
+            e = k.equation
+            wanted = list(e.arrays) + list(e.params) + ([e.output] if e.assign != ":=" else [])
+            ns[e.output] = _quiet(k, **{w: ns[w] for w in wanted})
+        tol = 1e-5 if grads[name].dtype == np.float32 else 1e-10
+        np.testing.assert_allclose(ns["d" + name], grads[name], rtol=tol, atol=tol)
+
+
+# ----------------------------------------------------------------------------- CUDA-only paths
+r = np.random.default_rng(7)
+J = np.array([1, 3, 3, 0, 3, 1, 4, 4, 4])
+EXTRA = [
+    # scatters that stay scatters: atomics (add, max, min), := and = starting from identity
+    ("H[J[i]] := w[i]", dict(w=r.standard_normal(9), J=J), {}),
+    ("(max) H[J[i]] := w[i, k]", dict(w=r.standard_normal((9, 2)), J=J), {}),
+    ("(min) H[J[i]] = w[i, k] * (k != 1)", dict(H=np.full(5, 9.0), w=r.standard_normal((9, 3)), J=J),
+     {}),
+    ("(max) H[J[i]] = w[i, k]", dict(H=np.zeros(5, np.int64), w=r.integers(-9, 9, (9, 2)), J=J), {}),
+    ("H[J[i]] -= w[i, k]", dict(H=np.ones(5, np.float32), w=r.standard_normal((9, 3)).astype(np.float32),
+                                J=J), {}),
+    ("H[J[i], c] += 2", dict(H=np.zeros((5, 2), np.int32), J=J), {"ranges": {"c": 2}}),
+    # scalar reductions: one atomic per block, or per-block partials for (*) and complex
+    ("s := x[i] * y[i]", dict(x=r.standard_normal(300), y=r.standard_normal(300)), {"threads": 32}),
+    ("(max) m := A[i,j]", dict(A=r.integers(-99, 99, (13, 40))), {"threads": 64}),
+    ("(*) p := x[i]", dict(x=r.uniform(0.9, 1.1, 200)), {"threads": 32}),
+    ("z := Z[i,j] * Z[j,i]", dict(Z=r.standard_normal((9, 9)) + 1j * r.standard_normal((9, 9))), {}),
+    ("s := A[i,j,k,l] * (i <= j)", dict(A=r.standard_normal((3, 4, 2, 5))), {}),
+    ("s := x[i]**2 |> sqrt", dict(x=r.standard_normal(50).astype(np.float32)), {"threads": 16}),
+    # grids: 3-D, flattened (4 and 5 left indices), several blocks per dimension
+    ("C[i,j,k] := A[i,j] * B[j,k] * (i != k)", dict(A=r.standard_normal((5, 6)),
+                                                    B=r.standard_normal((6, 7))), {"threads": 32}),
+    ("Y[a,b,c,d] := X[d,c,b,a] + X[a,b,c,d] * (a <= d)", dict(X=r.standard_normal((3, 3, 3, 3))), {}),
+    ("Y[a,b,c,d,e] := X[a,b,c,d,e,f]", dict(X=r.standard_normal((2, 3, 2, 2, 3, 4))), {}),
+    ("y[i] := x[i+j] * h[j]", dict(x=r.standard_normal(200), h=r.standard_normal(5)), {"threads": 32}),
+    ("C[i,k] := A[i,j] * B[j,k]", dict(A=r.standard_normal((40, 7)), B=r.standard_normal((7, 70))),
+     {"threads": 64}),
+    ("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
+     dict(x=r.standard_normal((5, 5, 2, 3)), W=r.standard_normal((5, 5, 3, 3, 2, 2))), {}),
+]
+
+
+@pytest.mark.parametrize("expr,arrays,opts", EXTRA, ids=[e[0] for e in EXTRA])
+def test_cuda_paths(expr, arrays, opts):
+    copy = lambda: {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in arrays.items()}
+    got = _quiet(tullio, expr, target="cuda", **opts, **copy())
+    want = _quiet(tullio, expr, target="python", **opts, **copy())
+    assert np.asarray(got).dtype == np.asarray(want).dtype
+    tol = 1e-5 if np.asarray(want).dtype in (np.float32, np.complex64) else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_kinds_and_atomics():
+    """Which code each path generates: atomics only where a scatter or a block result needs
+    them; more than three thread indices flatten the grid."""
+    def src(expr, **arrays):
+        k = kernel(expr, target="cuda")
+        _quiet(k, **arrays)
+        return k._last.source
+    s = src("C[i,k] := A[i,j] * B[j,k]", A=np.ones((2, 3)), B=np.ones((3, 4)))
+    assert (s.kind, s.atomic, s.threaded) == ("map", False, ("i", "k"))
+    assert "atomic" not in s.text and "cuda.grid(1)" not in s.text
+    s = src("H[J[i]] += w[i]", H=np.zeros(5), w=np.ones(9), J=J)
+    assert (s.kind, s.atomic) == ("scatter", True) and "cuda.atomic.add" in s.text
+    s = src("s := x[i]", x=np.ones(5))
+    assert (s.kind, s.atomic, s.partials) == ("scalar", True, False)
+    assert "cuda.syncthreads()" in s.text
+    s = src("(*) p := x[i]", x=np.ones(5))
+    assert (s.kind, s.atomic, s.partials) == ("scalar", False, True) and "atomic" not in s.text
+    s = src("Y[a,b,c,d] := X[a,b,c,d]", X=np.ones((2, 2, 2, 2)))
+    assert s.threaded == ("a", "b", "c", "d") and "cuda.grid(1)" in s.text
+
+
+def test_device_arrays_in_device_array_out():
+    A, B = r.standard_normal((4, 3)), r.standard_normal((3, 5))
+    dA, dB = cuda.to_device(A), cuda.to_device(B)
+    C = tullio("C[i,k] := A[i,j] * B[j,k]", A=dA, B=dB)          # target="auto" picks cuda
+    assert type(C).__name__ == "FakeCUDAArray"
+    np.testing.assert_allclose(C.copy_to_host(), A @ B, rtol=1e-12)
+    dC = cuda.to_device(np.ones((4, 5)))
+    assert tullio("C[i,k] += A[i,j] * B[j,k]", C=dC, A=dA, B=dB) is dC
+    np.testing.assert_allclose(dC.copy_to_host(), 1 + A @ B, rtol=1e-12)
+    s = tullio("s := A[i,j]", A=dA)
+    np.testing.assert_allclose(np.asarray(s.copy_to_host()).reshape(()), A.sum(), rtol=1e-12)
+
+
+def test_auto_with_host_arrays_stays_on_cpu():
+    k = kernel("y[i] := 2 * x[i]")
+    k(x=np.arange(3.0))
+    assert not hasattr(k._last.source, "kind")       # a CPU Source, not a CudaSource
+
+
+def test_mixed_host_and_device_is_an_error():
+    with pytest.raises(TullioError, match=r"GPU memory \(A\) and in host memory \(B\)"):
+        tullio("C[i,k] := A[i,j] * B[j,k]", A=cuda.to_device(np.ones((2, 2))), B=np.ones((2, 2)))
+
+
+def test_errors_read_as_on_cpu():
+    with pytest.raises(TullioError, match="'A' has 1 dimension but is indexed with 2"):
+        tullio("C[i,k] := A[i,j] * B[j,k]", A=cuda.to_device(np.ones(2)),
+               B=cuda.to_device(np.ones((2, 2))))
+    with pytest.raises(TullioError, match="out of bounds"):
+        tullio("G[k] := A[J[k]]", A=cuda.to_device(np.ones(3)), J=cuda.to_device(np.array([0, 3])))
+
+
+def test_scatter_without_an_atomic_is_an_error():
+    with pytest.raises(TullioError, match="cannot combine a scattered"):
+        tullio("H[J[i]] += w[i]", H=np.zeros(5, complex), w=np.ones(9, complex), J=J, target="cuda")
