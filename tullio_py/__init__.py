@@ -6,9 +6,10 @@
 from .errors import (ArgumentError, GradientError, OverwriteWarning, ParseError, RangeError,
                      SummationWarning, TullioError)
 from .kernel import Kernel, kernel, tullio
+from .tape import Tape
 from .cache import clear as clear_cache
 
 __version__ = "0.1.0"
-__all__ = ["tullio", "kernel", "Kernel", "TullioError", "ParseError", "RangeError",
+__all__ = ["Tape", "tullio", "kernel", "Kernel", "TullioError", "ParseError", "RangeError",
            "GradientError", "ArgumentError", "SummationWarning", "OverwriteWarning",
            "clear_cache"]

@@ -32,6 +32,10 @@ class ArgumentError(TullioError):
     """Arrays or options passed to a kernel are missing, of the wrong kind, or inconsistent."""
 
 
+class OverwriteError(TullioError):
+    """Tape(strict=True): a recorded write was overwritten before anything read it."""
+
+
 class SummationWarning(UserWarning):
     """An additive term does not use a reduction index, so it is summed as a whole (Tullio's rule)."""
 
