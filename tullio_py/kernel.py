@@ -12,14 +12,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import blas as _blas
 from . import callpath, codegen, jit, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
 from .ir import (FLOAT_FUNCS, Access, Binary, Call, Equation, Gather, IndexValue, Param, Unary,
                  Wrapped, walk)
 from .parse import parse
+from . import tape as _tape
 
-OPTIONS = ("threads", "target", "grad", "nograd", "ranges", "fastmath", "verbose", "pad")
+OPTIONS = ("threads", "target", "grad", "nograd", "ranges", "fastmath", "verbose", "pad",
+           "blas")
 TARGETS = ("auto", "cpu", "cuda", "python")
 _KERNELS: dict = {}
 
@@ -106,14 +109,15 @@ class Kernel:
     """A compiled tullio_py statement.  Call it with arrays by keyword."""
 
     def __init__(self, expr: str, threads=True, target="auto", grad=True, nograd=(), ranges=None,
-                 fastmath=False, verbose=0, pad=0):
+                 fastmath=False, verbose=0, pad=0, blas=True):
         if target not in TARGETS:
             raise ArgumentError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
         if not (isinstance(threads, bool) or (isinstance(threads, int) and threads >= 1)):
             raise ArgumentError(f"threads must be True, False or a positive int, not {threads!r}")
         self.text = expr
         self.options = dict(threads=threads, target=target, grad=grad, nograd=tuple(nograd),
-                            ranges=ranges, fastmath=fastmath, verbose=verbose, pad=pad)
+                            ranges=ranges, fastmath=fastmath, verbose=verbose, pad=pad,
+                            blas=blas)
         self.given = self._normalise_ranges(ranges or {})
         self.equation = parse(expr, tuple(self.given))
         self._check_option_names(expr, self.equation)
@@ -122,6 +126,9 @@ class Kernel:
         self._prepared: dict = {}
         self._last: Prepared | None = None
         self._calls = callpath.CallCache(self.equation, threads)   # the fast call path
+        # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
+        self._blas = (_blas.contraction(self.equation)
+                      if blas and target in ("auto", "cpu") and not self.given else None)
         self.summation_message = summation_message(self.equation)
         self._warned_by_tullio = False
         if self.summation_message:
@@ -246,10 +253,13 @@ class Kernel:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, **arrays):
-        torch = sys.modules.get("torch")    # torch tensors go to their frontend (torch loaded)
+        torch = sys.modules.get("torch")    # torch tensors go to their frontend (torch loaded),
         if torch is not None and any(isinstance(v, torch.Tensor) for v in arrays.values()):
-            from .frontends import torch as torch_frontend
-            return torch_frontend.call(self, arrays)
+            from .frontends import torch as torch_frontend   # which consults the Tape itself
+            return torch_frontend.call(self, arrays)        # (torch.compile cannot trace it)
+        tape = _tape.current()              # inside `with Tape()`: record, then run untaped
+        if tape is not None:
+            return tape.run(self, arrays)
         if self.target != "cpu" and self.target != "python" and _cuda.wants_cuda(self, arrays):
             return _cuda.call(self, arrays)
         out = self._calls.call(arrays)      # same names, dtypes, shapes as an earlier call
@@ -262,6 +272,9 @@ class Kernel:
         ext = self._extrema(arrays)
         self._check_gathers(arrays, ext)
         rng = ranges_mod.infer(eq, shapes, ext, self.given)
+        if self._blas is not None and _blas.worth(self._blas, rng, arrays):
+            return _blas.run(self._blas, eq, arrays, result_dtype(eq, arrays),
+                             None if eq.assign == ":=" else arrays[eq.output])
         if eq.assign == ":=":
             dtype = result_dtype(eq, arrays)
             shape = ranges_mod.output_shape(eq, rng, ext)
@@ -302,20 +315,24 @@ class Kernel:
         snapshot = _reads_output_elsewhere(work_eq)
         if snapshot:
             work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
-        work = schedule.body_cost(work_eq)
-        for n in work_eq.indices:
-            work *= max(len(call_ranges[n]), 1)
-        parallel = (self.threads is not False and self.threads != 1 and jit.max_threads() > 1
-                    and work >= schedule.PARALLEL_WORK_THRESHOLD)
+        parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
         key = (str(work_eq), dtype.str, target, parallel,
                tuple((n, a.dtype.str, a.ndim, _layout(a)) if isinstance(a, np.ndarray)
                      else (n, type(a).__name__) for n, a in sorted(arrays.items())))
         prepared = self._prepared.get(key)
         if prepared is None:
+            # Memory layout of every array (loop order follows it), and sizes (which matter).
+            layouts = {n: _dims_by_stride(a) for n, a in arrays.items() if isinstance(a, np.ndarray)}
+            sizes = {n: a.size for n, a in arrays.items() if isinstance(a, np.ndarray)}
+            sizes[eq.output] = int(np.prod(out_shape))
+            for n in list(layouts):
+                if n == eq.output and eq.assign != ":=":
+                    layouts["_old_" + n], sizes["_old_" + n] = layouts[n], sizes[n]
             plan = schedule.plan(work_eq, call_ranges, dtype.name,
                                  threads=self.threads if parallel else False,
-                                 pad_value=self.pad, fastmath=self.fastmath)
+                                 pad_value=self.pad, fastmath=self.fastmath,
+                                 layouts=layouts, sizes=sizes)
             source = codegen.render(plan)
             if self.verbose >= 2:
                 print(source.text)
@@ -353,7 +370,7 @@ class Kernel:
 
     def source(self, target: str = "cpu", grad: bool = False) -> str:
         if grad:
-            raise NotImplementedError("gradient code is generated by tullio_py.grad")
+            return self._gradient().code(target)
         eq = self.equation
         solved = rewrite.solve(eq)
         work_eq = solved.equation if solved else eq
@@ -364,6 +381,27 @@ class Kernel:
         src = codegen.render(plan)
         return jit.module_text(src, target if target in ("cpu", "python") else "cpu")
 
+    # ------------------------------------------------------------------ gradients (gradient_kernel.py)
+    def _gradient(self):
+        g = self.__dict__.get("_grad")
+        if g is None:
+            from .gradient_kernel import Gradient
+            g = self.__dict__["_grad"] = Gradient(self)
+        return g
+
+    def vjp(self, cotangent, **arrays) -> dict:
+        """{input: gradient of sum(out * cotangent)}; pass the output too to skip recomputing it."""
+        return self._gradient().vjp(cotangent, **arrays)
+
+    @property
+    def gradient_equations(self) -> dict:
+        """{input: [tullio_py statements]} reproducing vjp (bounds of the last vjp call)."""
+        return self._gradient().equations()
+
+    @property
+    def gradient_code(self) -> str:
+        return self._gradient().code("cpu")
+
     def __repr__(self):
         return f"kernel({self.text!r})"
 
@@ -371,8 +409,20 @@ class Kernel:
 from .ir import Affine as Affine_  # noqa: E402  (name used in _needs_fill)
 
 
-def _layout(a: np.ndarray) -> str:
-    return "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A"
+def _layout(a: np.ndarray):
+    if a.flags.c_contiguous:
+        return "C"
+    return "F" if a.flags.f_contiguous else _dims_by_stride(a)
+
+
+def _dims_by_stride(a: np.ndarray) -> tuple:
+    """Dimensions from the largest stride to the smallest; empty when none is contiguous."""
+    if a.flags.c_contiguous:
+        return tuple(range(a.ndim))
+    if a.flags.f_contiguous:
+        return tuple(range(a.ndim - 1, -1, -1))
+    dims = tuple(sorted(range(a.ndim), key=lambda d: -abs(a.strides[d])))
+    return dims if dims and abs(a.strides[dims[-1]]) == a.itemsize else ()
 
 
 def _reads_output_elsewhere(eq: Equation) -> bool:
