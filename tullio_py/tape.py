@@ -39,6 +39,11 @@ def current():
     return _CURRENT.get()
 
 
+# torch.compile cannot trace ContextVar.get: it reads current() once, while tracing (torch's
+# assume_constant_result marks a function exactly this way; setting it here needs no torch).
+current._dynamo_marked_constant = True
+
+
 # ----------------------------------------------------------------------------- arrays
 def _is_torch(a) -> bool:
     torch = sys.modules.get("torch")

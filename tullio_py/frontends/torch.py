@@ -112,7 +112,7 @@ def _complex_of(dt: torch.dtype) -> torch.dtype:
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dt)).dtype
+    return {np.dtype(v): k for k, v in _NUMPY.items() if k not in _HALF}[np.dtype(dt)]
 
 
 def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
@@ -123,6 +123,11 @@ def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
 # ----------------------------------------------------------------------------- the call
 def call(kernel, arrays: dict):
     eq = kernel.equation
+    if not torch.compiler.is_compiling():
+        from ..tape import current        # inside `with Tape()`: the Tape records the call
+        tape = current()
+        if tape is not None:
+            return tape.run(kernel, arrays)
     tensors = {n: v for n, v in arrays.items() if isinstance(v, torch.Tensor)}
     devices = {t.device.type for t in tensors.values()}
     if devices - {"cpu"}:
@@ -209,10 +214,16 @@ def run_backward(spec: Spec, others: dict, saved: dict, shapes: dict, gout: torc
     return result
 
 
+_NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
+          torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float32,
+          torch.bfloat16: np.float32, torch.float32: np.float32, torch.float64: np.float64,
+          torch.complex64: np.complex64, torch.complex128: np.complex128}
+
+
 def _np_compute_dtype(dt: torch.dtype) -> np.dtype:
-    if dt in _HALF:
-        return np.dtype(np.float32)
-    return torch.empty(0, dtype=dt).numpy().dtype
+    """The numpy dtype a tensor of dtype dt is computed in (no tensor is made: this also runs
+    under torch.compile's fake tensors)."""
+    return np.dtype(_NUMPY[dt])
 
 
 class _Apply(torch.autograd.Function):
@@ -305,10 +316,18 @@ def _in_place(kernel, arrays: dict, tensors: dict):
 
 # ----------------------------------------------------------------------------- CUDA
 def _cuda_call(kernel, arrays: dict, devices: set):
+    """CUDA tensors run on the CUDA target (frontends/cuda.py views them without copies and
+    allocates the result with torch).  Their gradients are not wired yet: the gradient kernels
+    run on numpy arrays, so a CUDA tensor that requires grad is an error, not a silent copy."""
     eq = kernel.equation
-    if len(devices | {"cpu"} if any(isinstance(v, np.ndarray) for v in arrays.values())
-           else devices) > 1:
-        raise ArgumentError(f"arrays on different devices ({', '.join(sorted(devices))})",
+    host = any(isinstance(v, np.ndarray) for v in arrays.values()) or "cpu" in devices
+    if len(devices) > 1 or host:
+        raise ArgumentError(f"arrays on different devices ({', '.join(sorted(devices | ({'cpu'} if host else set())))})",
                             eq.text, None, "move every tensor to the same device")
-    raise ArgumentError("torch CUDA tensors are not supported yet: the CUDA target is pending",
-                        eq.text, None, "call .cpu() on the tensors")
+    tensors = [v for v in arrays.values() if isinstance(v, torch.Tensor)]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise GradientError("gradients of CUDA tensors through tullio_py are not available yet "
+                            "(the gradient kernels run on the CPU)", eq.text, None,
+                            "run the call under torch.no_grad(), or use CPU tensors")
+    from . import cuda
+    return cuda.call(kernel, arrays)
