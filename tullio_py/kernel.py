@@ -253,6 +253,10 @@ class Kernel:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, **arrays):
+        if _tape.current() is None:         # the fast path: numpy arrays and scalars only,
+            out = self._calls.call(arrays)  # with the names, dtypes, shapes of an earlier call
+            if out is not None:
+                return out
         torch = sys.modules.get("torch")    # torch tensors go to their frontend (torch loaded),
         if torch is not None and any(isinstance(v, torch.Tensor) for v in arrays.values()):
             from .frontends import torch as torch_frontend   # which consults the Tape itself
@@ -262,9 +266,6 @@ class Kernel:
             return tape.run(self, arrays)
         if self.target != "cpu" and self.target != "python" and _cuda.wants_cuda(self, arrays):
             return _cuda.call(self, arrays)
-        out = self._calls.call(arrays)      # same names, dtypes, shapes as an earlier call
-        if out is not None:
-            return out
         given = arrays
         eq = self.equation
         arrays = self._collect(arrays)
@@ -495,7 +496,10 @@ def tullio(expr: str, /, **arrays_and_options):
         warnings.warn(k.summation_message, SummationWarning, stacklevel=2)
     k._warned_by_tullio = True
     eq = k.equation
-    wanted = list(eq.arrays) + list(eq.params) + ([eq.output] if eq.assign != ":=" else [])
+    wanted = k.__dict__.get("_wanted")     # computed once: eq.arrays walks the expression
+    if wanted is None:
+        wanted = k._wanted = list(eq.arrays) + list(eq.params) + (
+            [eq.output] if eq.assign != ":=" else [])
     if any(n not in arrays for n in wanted):
         frame = sys._getframe(1)
         scope = {**frame.f_globals, **frame.f_locals}
