@@ -274,3 +274,40 @@ def _stream(lib: str, ref):
     if lib == "cupy":
         return cuda.external_stream(sys.modules["cupy"].cuda.get_current_stream().ptr)
     return 0
+
+
+# ----------------------------------------------------------------------------- PTX, no GPU needed
+def ptx(kernel, arrays: dict, cc=(9, 0)) -> tuple[codegen_cuda.CudaSource, dict]:
+    """(source, {kernel name: PTX text}) of what a call with these host arrays would launch,
+    compiled for compute capability `cc` by NVVM without a GPU (device arrays of the same
+    dtypes, ranks and layouts get the same code)."""
+    from numba import cuda, typeof
+    eq = kernel.equation
+    params = {n: arrays[n] for n in eq.params if n in arrays}
+    host = {n: np.asarray(v) for n, v in arrays.items() if n not in params}
+    extrema = {g.array: (int(host[g.array].min()), int(host[g.array].max()))
+               for g in eq.gathers() if g.array in host and host[g.array].size}
+    checked, rng, dtype, out_shape = check(
+        kernel, {n: (a.shape, a.dtype) for n, a in host.items()}, params, extrema)
+    prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)
+    src = prepared.source
+    out = np.empty(out_shape, dtype) if eq.assign == ":=" else host[eq.output]
+    values = {n: _one_d(a) for n, a in host.items()}
+    values.update({n: checked[n] for n in params})
+    values[eq.output] = _one_d(out)
+    values["_old_" + eq.output] = values[eq.output]
+    if src.kind == "scalar":
+        values["_red"] = np.empty(1, np.dtype(src.scratch))
+    sig = tuple(typeof(a) for a in arguments(prepared, prepared.equation, values, call_ranges,
+                                             extra))
+    out = {}
+    for name in src.kernels:
+        key = (src.text, name, sig, tuple(cc), src.fastmath)
+        if key not in _PTX:
+            _PTX[key] = cuda.compile_ptx(prepared.fns[name].py_func, sig, cc=cc,
+                                         fastmath=src.fastmath)[0]
+        out[name] = _PTX[key]
+    return src, out
+
+
+_PTX: dict = {}
