@@ -128,7 +128,11 @@ def load_cuda(source) -> dict:
     if fns is None:
         from numba import cuda
         namespace: dict = {"__name__": "tullio_py_generated_cuda"}
-        exec(compile(_CUDA_HEADER + source.text, "<tullio_py cuda kernel>", "exec"), namespace)
+        exec(compile(cuda_module_text(source), "<tullio_py cuda kernel>", "exec"), namespace)
         fns = {n: cuda.jit(fastmath=source.fastmath)(namespace[n]) for n in source.kernels}
         _CUDA_LOADED[key] = fns
     return fns
+
+
+def cuda_module_text(source) -> str:
+    return _CUDA_HEADER + source.text

@@ -379,6 +379,9 @@ class Kernel:
             work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
         fake = {n: range(0, 1) for n in work_eq.indices}
         plan = schedule.plan(work_eq, fake, "float64", threads=False, pad_value=self.pad)
+        if target == "cuda":
+            from . import codegen_cuda
+            return jit.cuda_module_text(codegen_cuda.render(plan))
         src = codegen.render(plan)
         return jit.module_text(src, target if target in ("cpu", "python") else "cpu")
 
