@@ -1,0 +1,362 @@
+"""Running and printing gradients: `Kernel.vjp`, `gradient_equations`, `gradient_code`.
+
+The gradient equations from grad.py are compiled like any statement: one Kernel each, whose
+shifted left-hand side rewrite.py turns into a gather.  They are run with the FORWARD's index
+ranges (not ranges inferred from their own arrays): a forward with `ranges=`, or `=` into a
+larger array, iterates less than its arrays allow, and its gradient must iterate exactly as
+much.  The rewrite's mask bounds then come from the forward's ranges too.
+
+The printed equations are the same rewritten statements with the mask bounds written as the
+numbers of the last call -- and dropped where the statement implies them by itself (usually:
+the mask `0 <= p-i < n` is implied by reading `dout[pad(p-i)]`).  An index whose own inferred
+range would be wider than the forward's gets an explicit mask.  So running the printed
+equations with `tullio()` iterates exactly the tuples vjp iterates, in the same loop order.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import numpy as np
+
+from . import grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
+from .errors import GradientError, RangeError, SummationWarning
+from .ir import Access, Affine, Binary, Call, Compare, Const, Equation, Param, Unary, Wrapped
+
+
+def _run(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
+    """Call Kernel k with the given index ranges (no range inference) into `out`."""
+    prepared, call_ranges, extra = k._prepare(arrays, rng, out.dtype, out.shape)
+    args = k._arguments(prepared, {**arrays, **params}, out, call_ranges, extra)
+    threads = k.threads
+    if prepared.source.parallel and isinstance(threads, int) and not isinstance(threads, bool):
+        jit.set_threads(min(threads, jit.max_threads()))
+        try:
+            prepared.fn(*args)
+        finally:
+            jit.set_threads(None)
+    else:
+        prepared.fn(*args)
+    return prepared, call_ranges, extra
+
+
+def _value_only_indices(eq: Equation) -> list[str]:
+    from .ir import IndexValue, slot_names, walk
+    bracketed = {n for acc in [eq.lhs] + eq.accesses() for s in acc.indices for n in slot_names(s)}
+    return [n.name for n in walk(eq.rhs) if isinstance(n, IndexValue) and n.name not in bracketed]
+
+
+def _pick(eq: Equation, ns: dict, params: dict) -> dict:
+    """The arrays and scalar parameters a statement reads."""
+    return {n: (params[n] if n in params else ns[n]) for n in (*eq.arrays, *eq.params)}
+
+
+class Gradient:
+    """The gradient side of one forward Kernel."""
+
+    def __init__(self, forward):
+        self.fwd = forward
+        self._kernels: dict = {}
+        self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
+
+    # ------------------------------------------------------------------ derivation
+    def derivation(self, complex_mode: bool = False) -> grad_mod.Derivation:
+        k = self.fwd
+        eq = k.equation
+        if not k.options.get("grad", True):
+            raise GradientError("gradients are switched off for this kernel (grad=False)",
+                                eq.text, None, "create the kernel without grad=False")
+        d = grad_mod.derive(eq, tuple(k.options.get("nograd", ())), complex_mode)
+        if d.error:
+            raise GradientError(d.error, eq.text, None)
+        return d
+
+    def _kernel(self, eq: Equation):
+        from .kernel import Kernel
+        text = str(eq)
+        k = self._kernels.get(text)
+        if k is None:
+            f = self.fwd
+            # An index the derivative no longer reads in any bracket (`dw[k] += dm[i] * where(
+            # j*len_k + k == m_arg[i], 1, 0)`) is still iterated: name it an index by ranges=
+            # (the ranges themselves always come from the forward).
+            lost = {n: 1 for n in _value_only_indices(eq)}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SummationWarning)
+                k = Kernel(text, threads=f.threads, target=f.target, pad=0, fastmath=f.fastmath,
+                           ranges=lost or None)
+            self._kernels[text] = k
+        return k
+
+    # ------------------------------------------------------------------ vjp
+    def vjp(self, cotangent, **arrays) -> dict:
+        k, eq = self.fwd, self.fwd.equation
+        cot = np.asarray(cotangent)
+        out_value = arrays.pop(eq.output, None)
+        call = dict(arrays)
+        if eq.assign != ":=":
+            call[eq.output] = out_value if out_value is not None else np.zeros(cot.shape, cot.dtype)
+        collected = k._collect(call)
+        shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
+        ext = k._extrema(collected)
+        k._check_gathers(collected, ext)
+        rng = ranges_mod.infer(eq, shapes, ext, k.given)
+        want = ranges_mod.output_shape(eq, rng, ext) if eq.assign == ":=" else shapes[eq.output]
+        if cot.shape != tuple(want):
+            raise GradientError(f"the cotangent has shape {cot.shape}, but the output "
+                                f"{eq.output} has shape {tuple(want)}", eq.text, eq.lhs.span)
+        values = [collected[n] for n in eq.arrays] + [np.asarray(collected[p]) for p in eq.params]
+        complex_mode = any(np.asarray(v).dtype.kind == "c" for v in values + [cot])
+        d = self.derivation(complex_mode)
+        ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}
+        ns[d.cotangent] = cot
+        params = self._params(d, rng)
+        if self._reads(d, eq.output) and eq.output not in ns:
+            ns[eq.output] = (out_value if out_value is not None else
+                             k(**{n: v for n, v in call.items() if n != eq.output or eq.assign != ":="}))
+        record = {}
+        for h in d.helpers:
+            hk = self._kernel(h)
+            dtype = np.result_type(*[ns[a.array].dtype for a in h.accesses()])
+            ns[h.output] = np.zeros(cot.shape, dtype)
+            record[str(h)] = _run(hk, _pick(h, ns, params), rng, ns[h.output], params)
+        result = {}
+        for name, eqs in d.grads:
+            x = collected[name]
+            if x.dtype.kind not in "fc" or not eqs:
+                continue
+            dtype = np.result_type(x.dtype, cot.dtype, np.complex64 if complex_mode else x.dtype)
+            dx = np.zeros(x.shape, dtype)
+            for g in eqs:
+                gk = self._kernel(g)
+                grng = self._clip_bare(g, rng, dx.shape)
+                record[str(g)] = _run(gk, _pick(g, ns, params), grng, dx, params)
+            if x.dtype.kind != "c" and dx.dtype.kind == "c":
+                dx = dx.real
+            result[name] = dx.astype(x.dtype, copy=False)
+        self._last = (d, rng, {**shapes, eq.output: cot.shape, d.cotangent: cot.shape, **{h.output: cot.shape for h in d.helpers},
+                               **{dn: shapes[n] for n, dn in d.gradient_names}}, params, record)
+        return result
+
+    @staticmethod
+    def _reads(d, name) -> bool:
+        return any(grad_mod.uses_array(e, name) for e in d.helpers) or any(
+            grad_mod.uses_array(e, name) for _, eqs in d.grads for e in eqs)
+
+    @staticmethod
+    def _params(d, rng) -> dict:
+        out = {}
+        for name, (kind, what) in d.params:
+            if kind == "len":
+                out[name] = len(rng[what])
+            else:   # one past the largest linear index of the reduction's tuples
+                lin = rng[what[0]].stop - 1
+                for n in what[1:]:
+                    lin = lin * len(rng[n]) + rng[n].stop - 1
+                out[name] = lin + 1
+        return out
+
+    @staticmethod
+    def _clip_bare(g: Equation, rng: dict, shape) -> dict:
+        """A bare left-hand index never leaves the gradient array (it can, when the forward
+        read was `pad(i, lo, hi)`: those tuples only touched the padding)."""
+        out = dict(rng)
+        for d, s in enumerate(g.lhs.indices):
+            if isinstance(s, Affine) and s.is_bare:
+                r = out[s.names[0]]
+                out[s.names[0]] = range(max(r.start, 0), max(max(r.start, 0), min(r.stop, shape[d])))
+        return out
+
+    # ------------------------------------------------------------------ printing
+    def equations(self) -> dict[str, list[str]]:
+        """{input: [statements]}: helper statements first, then the accumulations into d<x>."""
+        if self._last is None:
+            d, rng, shapes, params = self.derivation(False), None, None, {}
+        else:
+            d, rng, shapes, params, _ = self._last
+        helpers = [self._printable(h, rng, shapes, params) for h in d.helpers]
+        out = {}
+        for name, eqs in d.grads:
+            used = [h for h, e in zip(helpers, d.helpers)
+                    if any(grad_mod.uses_array(g, e.output) for g in eqs)]
+            out[name] = used + [self._printable(g, rng, shapes, params) for g in eqs]
+        return out
+
+    def _printable(self, g: Equation, rng, shapes, params) -> str:
+        solved = rewrite.solve(g)
+        e = solved.equation if solved else g
+        if rng is None:       # no call yet: bounds stay named parameters
+            return str(_subst_params(e, {p: Param(p.lstrip("_")) for p in
+                                         (solved.bound_params if solved else {})}))
+        grng = self._clip_bare(g, rng, shapes[g.output])
+        values = dict(params)
+        call_ranges = grng
+        if solved:
+            call_ranges, bounds = rewrite.solved_ranges(solved, grng, shapes[g.output])
+            values.update(bounds)
+        e = _subst_params(e, {n: Const(v) for n, v in values.items()})
+        e = _drop_redundant(e, shapes, call_ranges)
+        e = _add_range_masks(e, shapes, call_ranges)
+        return str(e)
+
+    def code(self, target: str = "cpu") -> str:
+        """Generated source of every gradient kernel (of the last vjp call, when there was one)."""
+        d = self._last[0] if self._last else self.derivation(False)
+        record = self._last[4] if self._last else {}
+        parts = []
+        for title, eqs in [("helper", d.helpers)] + [(f"gradient of {n}", e) for n, e in d.grads]:
+            for g in eqs:
+                rec = record.get(str(g))
+                if rec is not None and target == "cpu":
+                    text = jit.module_text(rec[0].source, "cpu")
+                else:
+                    text = self._kernel(g).source(target=target)
+                parts.append(f"# ---- {title}: {g}\n{text}")
+        return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- equation edits
+def _map_expr(e, f):
+    e = f(e)
+    if isinstance(e, Unary):
+        return Unary(e.op, _map_expr(e.operand, f))
+    if isinstance(e, Binary):
+        return Binary(e.op, _map_expr(e.left, f), _map_expr(e.right, f))
+    if isinstance(e, Compare):
+        return Compare(e.ops, tuple(_map_expr(x, f) for x in e.operands))
+    if isinstance(e, Call):
+        return Call(e.func, tuple(_map_expr(x, f) for x in e.args), e.span)
+    return e
+
+
+def _subst_params(eq: Equation, values: dict) -> Equation:
+    def f(e):
+        return values.get(e.name, e) if isinstance(e, Param) else e
+    return replace(eq, rhs=_map_expr(eq.rhs, f))
+
+
+def _rebuild(factors):
+    out = factors[0]
+    for f in factors[1:]:
+        out = Binary("*", out, f)
+    return out
+
+
+def _drop_redundant(eq: Equation, shapes: dict, call_ranges: dict) -> Equation:
+    """Remove top-level masks that the iteration satisfies anyway: by the ranges alone, or
+    because a top-level pad read over a reduction index guards the same expression more
+    tightly."""
+    factors = schedule.top_factors(eq.rhs)
+    keep = []
+    pad_guards = {}
+    red = set(eq.reduction_indices)
+    for f in factors:
+        if isinstance(f, Access):
+            pads = [(d, s) for d, s in enumerate(f.indices) if isinstance(s, Wrapped)]
+            if pads and all(s.kind == "pad" and isinstance(s.inner, Affine) and red & set(s.names)
+                            for _, s in pads):
+                for d, s in pads:
+                    pad_guards[Affine(s.inner.terms)] = (-s.inner.const,
+                                                         shapes[f.array][d] - s.inner.const)
+    for f in factors:
+        m = _mask_bounds(f)
+        if m is not None and _implied(*m, call_ranges, pad_guards):
+            continue
+        keep.append(f)
+    return replace(eq, rhs=_rebuild(keep) if keep else Const(1))
+
+
+def _mask_bounds(f):
+    """(affine, lo, hi) of a mask `lo <= affine < hi` with integer bounds (either may be None)."""
+    if not isinstance(f, Compare) or len(f.ops) > 2:
+        return None
+    ops, xs = f.ops, f.operands
+    if len(ops) == 2 and ops != ("<=", "<"):
+        return None
+    mid = schedule.linear(xs[1] if len(ops) == 2 else xs[0])
+    if mid is None or mid[1]:
+        return None
+    a = Affine(mid[0].terms, mid[2])
+    ints = [schedule.linear(x) for x in xs]
+    if any(i is None or i[0].terms or i[1] for k, i in enumerate(ints) if k != (1 if len(ops) == 2 else 0)):
+        return None
+    if len(ops) == 2:
+        return a, ints[0][2], ints[2][2]
+    c = ints[1][2]
+    return {"<": (a, None, c), "<=": (a, None, c + 1), ">=": (a, c, None), ">": (a, c + 1, None)}.get(ops[0])
+
+
+def _implied(a: Affine, lo, hi, call_ranges, pad_guards) -> bool:
+    b = ranges_mod.affine_bounds(a, {n: (r.start, r.stop) for n, r in call_ranges.items()})
+    if b is None or ((lo is None or b[0] >= lo) and (hi is None or b[1] < hi)):
+        return True
+    for sign in (1, -1):
+        pg = pad_guards.get(Affine(a.scale(sign).terms))
+        if pg is not None and sign == 1:
+            plo, phi = pg[0] + a.const, pg[1] + a.const
+            return (lo is None or plo >= lo) and (hi is None or phi <= hi)
+    return False
+
+
+def _add_range_masks(eq: Equation, shapes: dict, call_ranges: dict) -> Equation:
+    """Masks `(a <= i < b)` for indices that tullio() alone would iterate over more values
+    than vjp does (taking into account what the other masks and pad guards already imply)."""
+    try:
+        own = ranges_mod.infer(eq, {n: shapes[n] for n in [eq.output, *eq.arrays]})
+    except RangeError:
+        own = {}
+    limits = _guard_limits(eq, shapes)
+    masks = []
+    for n in eq.indices:
+        r, o = call_ranges[n], own.get(n)
+        lo, hi = (o.start, o.stop) if o is not None else (None, None)
+        for a, glo, ghi in limits:
+            c = a.coef(n)
+            if abs(c) != 1 or any(m not in call_ranges for m in a.names):
+                continue
+            rest = Affine.of(tuple(t for t in a.terms if t[0] != n), a.const)
+            rb = ranges_mod.affine_bounds(rest, {m: (x.start, x.stop) for m, x in call_ranges.items()})
+            if rb is None:
+                continue
+            if c == 1:    # glo <= n + rest < ghi
+                new_lo = None if glo is None else glo - rb[1]
+                new_hi = None if ghi is None else ghi - rb[0]
+            else:         # glo <= -n + rest < ghi  =>  rest - ghi < n <= rest - glo
+                new_lo = None if ghi is None else rb[0] - ghi + 1
+                new_hi = None if glo is None else rb[1] - glo + 1
+            if new_lo is not None:
+                lo = new_lo if lo is None else max(lo, new_lo)
+            if new_hi is not None:
+                hi = new_hi if hi is None else min(hi, new_hi)
+        need_lo = lo is None or lo < r.start
+        need_hi = hi is None or hi > r.stop
+        if need_lo and need_hi:
+            masks.append(Compare(("<=", "<"), (Const(r.start), _iv(n), Const(r.stop))))
+        elif need_lo:
+            masks.append(Compare(("<=",), (Const(r.start), _iv(n))))
+        elif need_hi:
+            masks.append(Compare(("<",), (_iv(n), Const(r.stop))))
+    if not masks:
+        return eq
+    return replace(eq, rhs=_rebuild(schedule.top_factors(eq.rhs) + masks))
+
+
+def _guard_limits(eq: Equation, shapes: dict) -> list:
+    """(affine, lo, hi) of every top-level mask and every pad read that acts as a guard."""
+    out, red = [], set(eq.reduction_indices)
+    for f in schedule.top_factors(eq.rhs):
+        m = _mask_bounds(f)
+        if m is not None:
+            out.append(m)
+        elif isinstance(f, Access) and eq.reducer == "+":
+            pads = [(d, s) for d, s in enumerate(f.indices) if isinstance(s, Wrapped)]
+            if pads and all(s.kind == "pad" and isinstance(s.inner, Affine) and red & set(s.names)
+                            for _, s in pads):
+                for d, s in pads:
+                    out.append((s.inner, 0, shapes[f.array][d]))
+    return out
+
+
+def _iv(n):
+    from .ir import IndexValue
+    return IndexValue(n)
