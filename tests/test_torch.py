@@ -176,3 +176,24 @@ def test_torch_compile_fullgraph():
     r2 = f(x, w)
     r2.backward()
     assert torch.equal(r, r2) and torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
+
+
+def test_complex_gradcheck():
+    k = kernel("y[i] := z[i,j] * w[j]")
+    z, w = rand(3, 4, dtype=torch.complex128), rand(4, dtype=torch.complex128)
+    assert torch.autograd.gradcheck(lambda z, w: k(z=z, w=w), (z, w))
+
+
+def test_parameter_requiring_grad_is_an_error():
+    x = rand(2, 3)
+    with pytest.raises(GradientError, match="scalar parameter 'c'"):
+        kernel("y[i] := c * x[i,j]")(x=x, c=torch.tensor(2.0, requires_grad=True))
+    with torch.no_grad():
+        kernel("y[i] := c * x[i,j]")(x=x, c=torch.tensor(2.0, requires_grad=True))
+
+
+def test_compile_falls_back_where_shapes_depend_on_values():
+    from tullio_py.frontends import torch_ops
+    assert torch_ops._static_shape(kernel("y[i] := x[J[i]] * w[i]"))
+    assert not torch_ops._static_shape(kernel("H[J[i]] := x[i]"))
+    assert not torch_ops._static_shape(kernel("y[i] := x[J[i]+k] * w[k]"))
