@@ -13,7 +13,7 @@ import numpy as np
 
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Gather, IndexValue, Param, Unary,
                  Wrapped)
-from .schedule import Guard, Plan
+from .schedule import CHUNKS, Guard, Plan
 
 _FUNCS = {"exp": "_np.exp", "log": "_np.log", "log1p": "_np.log1p", "expm1": "_np.expm1",
           "sqrt": "_np.sqrt", "abs": "abs", "sin": "_np.sin", "cos": "_np.cos", "tan": "_np.tan",
@@ -65,7 +65,7 @@ class _Render:
             return f"({inner}) % {array}.shape[{d}]"
         return inner          # pad: checked by the caller
 
-    def access(self, a: Access) -> str:
+    def plain_access(self, a: Access) -> str:
         if not a.indices:
             return f"{a.array}[0]"
         idx = [self.slot(s, a.array, d) for d, s in enumerate(a.indices)]
@@ -126,11 +126,20 @@ class _Render:
         return " * ".join(self.expr(f) for f in factors)
 
     # ------------------------------------------------------------ loops
-    def loop_header(self, loop, outer: set[str], guards: list[Guard]) -> tuple[str, list[str]]:
+    def loop_header(self, loop, outer: set[str], guards: list[Guard],
+                    base: tuple[str, str] | None = None) -> tuple[str, list[str]]:
         """`for` line with bounds clipped by the guards whose innermost index is this loop's,
         plus `if ...: continue` lines for guards that cannot be clipped."""
+        start, stop, checks = self.loop_bounds(loop, outer, guards, base)
+        par = loop.parallel and getattr(self.plan, "chunked", None) != loop.index
+        return f"for {loop.index} in {'_prange' if par else 'range'}({start}, {stop}):", checks
+
+    def loop_bounds(self, loop, outer: set[str], guards: list[Guard],
+                    base: tuple[str, str] | None = None) -> tuple[str, str, list[str]]:
+        """Start and stop of a loop (from `base`, default its range arguments) clipped by the
+        guards whose innermost index is this loop's, and the checks that cannot be clipped."""
         v = loop.index
-        lo, hi = [f"_start_{v}"], [f"_stop_{v}"]
+        lo, hi = [base[0] if base else f"_start_{v}"], [base[1] if base else f"_stop_{v}"]
         checks = []
         for g in guards:
             names = g.expr.names
@@ -153,16 +162,22 @@ class _Render:
                 if g.lo is not None:
                     hi.append(f"({rest_code}) - ({g.lo}) + 1")
             else:
-                cond = []
-                if g.lo is not None:
-                    cond.append(f"{g.lo} <= {g.expr}")
-                if g.hi is not None:
-                    cond.append(f"{g.expr} < {g.hi}")
-                checks.append(f"if not ({' and '.join(cond)}):\n    continue")
+                # lo <= c*v + rest < hi with |c| > 1 (strided gradients): clip by floor
+                # division instead of testing every v (which made them quadratic).
+                m = abs(c)
+                if c > 0:
+                    if g.lo is not None:
+                        lo.append(f"-((({rest_code}) - ({g.lo})) // {m})")
+                    if g.hi is not None:
+                        hi.append(f"(({g.hi}) - 1 - ({rest_code})) // {m} + 1")
+                else:
+                    if g.hi is not None:
+                        lo.append(f"-((({g.hi}) - 1 - ({rest_code})) // {m})")
+                    if g.lo is not None:
+                        hi.append(f"(({rest_code}) - ({g.lo})) // {m} + 1")
         start = lo[0] if len(lo) == 1 else f"max({', '.join(lo)})"
         stop = hi[0] if len(hi) == 1 else f"min({', '.join(hi)})"
-        rng = "_prange" if loop.parallel else "range"
-        return f"for {v} in {rng}({start}, {stop}):", checks
+        return start, stop, checks
 
     def render(self) -> Source:
         eq, plan = self.eq, self.plan
@@ -175,83 +190,318 @@ class _Render:
                  f"# loops (outer to inner): "
                  + ", ".join(f"{l.index}{' [threads]' if l.parallel else ''}"
                              f"{' [reduction]' if l.reduction else ''}" for l in plan.loops)]
+        if plan.form == "row":
+            lines.append(f"# the contiguous index {plan.loops[-1].index} runs innermost: each "
+                         "reduction step updates a row")
+        if plan.chunked:
+            lines.append(f"# {plan.chunked} is split into blocks across threads"
+                         + (f"; each block keeps a partial result ({plan.partial}), combined at "
+                            "the end" if plan.partial else ""))
         if plan.scatter:
             lines.append("# scatter: the left-hand side keeps a gather or a non-unit shift, so "
                          "every index tuple is combined into its element in turn")
         lines.append(f"_T = _np.{self.dtype.name}")
         lines.append(f"_pad = _T({plan.pad_value!r})")
         lines.append(f"def {name}({', '.join(args)}):")
-        lhs = self.access(eq.lhs) if eq.lhs.indices else f"{eq.output}[0]"
-        guards = list(plan.guards)
-        red = eq.reducer
-        ident = identity_code(red, self.dtype)
-        value = self.rhs_without_guards()
-        fin = (lambda x: self.expr(Call(eq.finaliser, (Param(x),)))) if eq.finaliser else (lambda x: x)
-        body: list[tuple[int, str]] = []
-        depth = 1
-        outer: set[str] = set()
-
-        def emit_loops(loops):
-            nonlocal depth
-            for loop in loops:
-                head, checks = self.loop_header(loop, outer, guards)
-                body.append((depth, head))
-                depth += 1
-                outer.add(loop.index)
-                for c in checks:
-                    for ln in c.split("\n"):
-                        body.append((depth + (1 if ln.startswith("    ") else 0), ln.strip()))
-
-        def combine(target: str, v: str) -> str:
-            if red == "+":
-                return f"{target} += {v}"
-            if red == "*":
-                return f"{target} *= {v}"
-            op = ">" if red == "max" else "<"
-            return f"_v = {v}\n__IF__ _v {op} {target}:\n    {target} = _v"
-
-        def emit(code: str):
-            for ln in code.split("\n"):
-                if ln.startswith("__IF__"):
-                    body.append((depth, "if" + ln[len("__IF__"):]))
-                elif ln.startswith("    "):
-                    body.append((depth + 1, ln.strip()))
-                else:
-                    body.append((depth, ln))
-
+        self.body, self.depth, self.opened = [], 1, []
+        # Indices used bare in some array position start at >= 0 (range inference): saying so
+        # lets the compiler drop negative-index wraparound in the loops over them.
+        bare = {s.names[0] for a in [eq.lhs] + eq.accesses() for s in a.indices
+                if isinstance(s, Affine) and s.is_bare}
+        self.nonneg = {l.index for l in plan.loops if l.index in bare}
+        self.pos = {l.index: k for k, l in enumerate(plan.loops)}
+        self.hoists = self.choose_hoists()
         if plan.scatter:
-            if eq.assign in (":=", "="):
-                emit_loops(plan.loops)
-                emit(f"{lhs} = {ident}")
-                depth = 1
-                outer.clear()
-            emit_loops(plan.loops)
-            if eq.assign == "-=":
-                emit(f"{lhs} -= {value}")
-            elif eq.assign == "*=":
-                emit(f"{lhs} *= {value}")
-            else:
-                emit(combine(lhs, value))
+            self.render_scatter()
+        elif plan.form == "row":
+            self.render_row()
         else:
-            left = [l for l in plan.loops if not l.reduction]
-            redl = [l for l in plan.loops if l.reduction]
-            emit_loops(left)
-            level = depth
-            if redl:
-                emit(f"_acc = {ident}")
-                emit_loops(redl)
-                emit(combine("_acc", value))
-                depth = level
-                result = fin("_acc")
-            else:
-                result = value
-            store = {":=": "=", "=": "=", "+=": "+=", "-=": "-=", "*=": "*="}[eq.assign]
-            emit(f"{lhs} {store} {result}")
-        lines += ["    " * d + s for d, s in body]
-        if not body:
+            self.render_scalar()
+        lines += ["    " * d + s for d, s in self.body]
+        if not self.body:
             lines.append("    pass")
         return Source("\n".join(lines) + "\n", name, args,
-                      any(l.parallel for l in plan.loops), plan.fastmath)
+                      any(l.parallel for l in plan.loops) or plan.chunked is not None,
+                      plan.fastmath)
+
+    # ------------------------------------------------------------ emission helpers
+    def emit(self, code: str):
+        """Emit lines; a line starting with 4 spaces goes one level deeper."""
+        for ln in code.split("\n"):
+            if ln.startswith("    "):
+                self.body.append((self.depth + 1, ln.strip()))
+            else:
+                self.body.append((self.depth, ln))
+
+    def combine(self, target: str, v: str, red: str | None = None) -> str:
+        red = red or self.eq.reducer
+        if red == "+":
+            return f"{target} += {v}"
+        if red == "*":
+            return f"{target} *= {v}"
+        op = ">" if red == "max" else "<"
+        return f"_v = {v}\nif _v {op} {target}:\n    {target} = _v"
+
+    def choose_hoists(self) -> dict:
+        """Reads that do not depend on the innermost loop are read once, just inside the
+        innermost loop they depend on (numba cannot hoist them: the output may alias them)."""
+        from .schedule import mask_guards, top_factors
+        from .ir import walk
+        last = len(self.plan.loops) - 1
+        out = {}
+        for f in top_factors(self.eq.rhs):
+            if mask_guards(f) is not None:
+                continue
+            for n in walk(f):
+                if not isinstance(n, Access) or not n.indices or str(n) in out:
+                    continue
+                names = {x for s in n.indices for x in s.names}
+                level = max((self.pos[x] for x in names), default=-1)
+                if level < last:
+                    out[str(n)] = (f"_h{len(out)}", level, n)
+        return out
+
+    def access(self, a: Access) -> str:
+        h = getattr(self, "hoists", {}).get(str(a))
+        if h is not None and not getattr(self, "_hoisting", False):
+            return h[0]
+        return self.plain_access(a)
+
+    def emit_hoists(self, level: int):
+        self._hoisting = True
+        try:
+            for name, lev, acc in self.hoists.values():
+                if lev == level:
+                    self.emit(f"{name} = {self.plain_access(acc)}")
+        finally:
+            self._hoisting = False
+
+    def open(self, k: int, outer_only: bool = False, hoist: bool = True):
+        """Open loop number k of the plan (bounds clipped by its guards)."""
+        plan = self.plan
+        loop = plan.loops[k]
+        if plan.collapse and k == 0:
+            a, b = plan.collapse
+            self.emit(f"_na = max(_stop_{a} - _start_{a}, 0)\n_nb = max(_stop_{b} - _start_{b}, 0)")
+            self.emit(f"for _ab in _prange(_na * _nb):")
+            self.depth += 1
+            self.emit(f"{a} = _start_{a} + _ab // _nb\n{b} = _start_{b} + _ab % _nb")
+            self.opened += [a, b]
+            if hoist:
+                self.emit_hoists(0)
+                self.emit_hoists(1)
+            return
+        base = ("_clo", "_chi") if plan.chunked == loop.index else None
+        if k == len(plan.loops) - 1 and not loop.parallel:
+            # Innermost loop counted from 0: with a start known to be >= 0 the compiler drops
+            # negative-index wraparound and vectorises the loop.
+            start, stop, checks = self.loop_bounds(loop, set(self.opened), list(plan.guards), base)
+            v = loop.index
+            if v in self.nonneg:
+                start = f"max({start}, 0)"
+            self.emit(f"_first = {start}\nfor _k in range({stop} - _first):\n    {v} = _first + _k")
+        else:
+            head, checks = self.loop_header(loop, set(self.opened), list(plan.guards), base)
+            self.emit(head)
+        self.depth += 1
+        self.opened.append(loop.index)
+        for c in checks:
+            self.emit(c)
+        if hoist:
+            self.emit_hoists(k)
+
+    def close_to(self, depth: int, count: int):
+        self.depth = depth
+        del self.opened[count:]
+
+    def open_range(self, ks, hoist=True):
+        k = ks[0] if ks else None
+        i = 0
+        ks = list(ks)
+        while i < len(ks):
+            self.open(ks[i], hoist=hoist)
+            i += 2 if (self.plan.collapse and ks[i] == 0) else 1
+
+    def open_chunks(self, prepare: str = ""):
+        """The outer prange over blocks of the chunked index (block bounds _clo, _chi)."""
+        v = self.plan.chunked
+        self.emit(f"_n_c = max(_stop_{v} - _start_{v}, 0)\n_nc = min({CHUNKS}, max(_n_c, 1))")
+        if prepare:
+            self.emit(prepare)
+        self.emit("for _c in _prange(_nc):")
+        self.depth += 1
+        self.emit(f"_clo = _start_{v} + (_n_c * _c) // _nc\n"
+                  f"_chi = _start_{v} + (_n_c * (_c + 1)) // _nc")
+
+    def result(self, acc: str) -> str:
+        if self.eq.finaliser:
+            return self.expr(Call(self.eq.finaliser, (Param(acc),)))
+        return acc
+
+    def store(self, lhs: str, value: str):
+        op = {":=": "=", "=": "=", "+=": "+=", "-=": "-=", "*=": "*="}[self.eq.assign]
+        self.emit(f"{lhs} {op} {value}")
+
+    # ------------------------------------------------------------ forms
+    def render_scalar(self):
+        """Left loops outside, reduction loops inside, a scalar accumulator (a register)."""
+        eq, plan = self.eq, self.plan
+        n = len(plan.loops)
+        nleft = sum(1 for l in plan.loops if not l.reduction)
+        ident = identity_code(eq.reducer, self.dtype)
+        lhs = self.access(eq.lhs) if eq.lhs.indices else f"{eq.output}[0]"
+        self.emit_hoists(-1)
+        if plan.chunked:
+            self.open_chunks(f"_part = _np.empty(_nc, _T)" if plan.partial == "scalar" else "")
+        self.open_range(range(nleft))
+        if nleft == n:
+            self.store(lhs, self.rhs_without_guards())
+            return
+        level, count = self.depth, len(self.opened)
+        self.emit(f"_acc = {ident}")
+        if plan.lanes and not self.lane_loop_has_checks():
+            self.open_range(range(nleft, n - 1))
+            self.emit_lanes(n - 1)
+        else:
+            self.open_range(range(nleft, n))
+            self.emit(self.combine("_acc", self.rhs_without_guards()))
+        self.close_to(level, count)
+        if plan.partial == "scalar":
+            self.emit("_part[_c] = _acc")
+            self.close_to(1, 0)
+            self.emit(f"_acc = {ident}\nfor _c in range(_nc):")
+            self.depth += 1
+            self.emit(self.combine("_acc", "_part[_c]"))
+            self.depth -= 1
+        self.store(lhs, self.result("_acc"))
+
+    def lane_loop_has_checks(self) -> bool:
+        loop = self.plan.loops[-1]
+        opened = {l.index for l in self.plan.loops[:-1]}
+        return bool(self.loop_bounds(loop, opened, list(self.plan.guards))[2])
+
+    def emit_lanes(self, k: int):
+        """(max)/(min) over a contiguous loop with LANES independent accumulators, which the
+        compiler turns into vector max/min (a single chain cannot be vectorised)."""
+        loop = self.plan.loops[k]
+        v, L = loop.index, self.plan.lanes
+        base = ("_clo", "_chi") if self.plan.chunked == v else None
+        start, stop, _ = self.loop_bounds(loop, set(self.opened), list(self.plan.guards), base)
+        op = ">" if self.eq.reducer == "max" else "<"
+        value = self.rhs_without_guards()
+        if v in self.nonneg:
+            start = f"max({start}, 0)"
+        self.emit(f"_lo = {start}\n_hi = {stop}\n_e = _lo + max(_hi - _lo, 0) // {L} * {L}")
+        self.emit("\n".join(f"_a{l} = _acc" for l in range(L)))
+        self.emit(f"for _j in range(max(_hi - _lo, 0) // {L}):")
+        self.depth += 1
+        for l in range(L):
+            self.emit(f"{v} = _lo + _j * {L} + {l}\n_x = {value}\n_a{l} = _x if _x {op} _a{l} else _a{l}")
+        self.depth -= 1
+        self.emit(f"for _k in range(_hi - _e):\n    {v} = _e + _k")
+        self.depth += 1
+        self.emit(self.combine("_acc", value))
+        self.depth -= 1
+        for l in range(L):
+            self.emit(f"if _a{l} {op} _acc:\n    _acc = _a{l}")
+
+    def render_row(self):
+        """Left loops outside, then the reductions, then the contiguous left index innermost:
+        each reduction step updates a whole row of the output (or of an accumulator row)."""
+        eq, plan = self.eq, self.plan
+        n = len(plan.loops)
+        r = plan.loops[-1].index
+        nleft = sum(1 for l in plan.loops[:-1] if not l.reduction)
+        red, assign = eq.reducer, eq.assign
+        ident = identity_code(red, self.dtype)
+        reads_out = any(a.array == eq.output for a in eq.accesses())
+        direct = not eq.finaliser and not reads_out and (
+            assign in (":=", "=") or (red == "+" and assign in ("+=", "-="))
+            or (red == "*" and assign == "*="))
+        lhs = self.access(eq.lhs)
+        acc = f"_accv[{r} - _start_{r}]"
+        alloc = f"_accv = _np.empty(max(_stop_{r} - _start_{r}, 0), _T)"
+        self.emit_hoists(-1)
+        if plan.chunked:
+            self.open_chunks()
+        if not direct and (plan.chunked or nleft == 0):
+            self.emit(alloc)
+        for i, k in enumerate(range(nleft)):
+            if self.plan.collapse and k == 1:
+                continue
+            self.open(k)
+            if i == 0 and not direct and not plan.chunked:
+                self.emit(alloc)
+        level, count = self.depth, len(self.opened)
+        if not direct or assign in (":=", "="):
+            self.open(n - 1, hoist=False)
+            self.emit(f"{lhs if direct else acc} = {ident}")
+            self.close_to(level, count)
+        self.open_range(range(nleft, n))
+        value = self.rhs_without_guards()
+        if direct and assign == "-=":
+            self.emit(f"{lhs} -= {value}")
+        else:
+            self.emit(self.combine(lhs if direct else acc, value))
+        self.close_to(level, count)
+        if not direct:
+            self.open(n - 1, hoist=False)
+            self.store(lhs, self.result(acc))
+            self.close_to(level, count)
+
+    def render_scatter(self):
+        """Every index tuple combines its value into its element.  Threads only over a safe
+        index, or over blocks each with its own copy of the output (partial = "array")."""
+        eq, plan = self.eq, self.plan
+        n = len(plan.loops)
+        red, assign = eq.reducer, eq.assign
+        ident = identity_code(red, self.dtype)
+        lhs = self.access(eq.lhs)
+        if assign in (":=", "="):
+            chunked, plan_loops = plan.chunked, plan.loops
+            if chunked:          # the initialisation runs serially over plain loops
+                self.plan = replace_plan(plan, chunked=None)
+            self.open_range(range(n), hoist=False)
+            self.emit(f"{lhs} = {ident}")
+            self.close_to(1, 0)
+            self.plan = plan
+        self.emit_hoists(-1)
+        value = self.rhs_without_guards()
+        if plan.partial == "array":
+            idx = [self.slot(s, eq.output, d) for d, s in enumerate(eq.lhs.indices)]
+            part = f"_part[_c, {', '.join(idx)}]"
+            self.open_chunks(f"_part = _np.full((_nc,) + {eq.output}.shape, {ident}, _T)")
+            self.open_range(range(n))
+            self.emit(self.combine(part, value, "*" if assign == "*=" else
+                                   "+" if assign == "-=" else red))
+            self.close_to(1, 0)
+            nd = len(eq.lhs.indices)
+            for d in range(nd):
+                self.emit(f"for _d{d} in {'_prange' if d == 0 else 'range'}({eq.output}.shape[{d}]):")
+                self.depth += 1
+            self.emit("for _c in range(_nc):")
+            self.depth += 1
+            el = ", ".join(f"_d{d}" for d in range(nd))
+            src = f"_part[_c, {el}]"
+            if assign == "-=":
+                self.emit(f"{eq.output}[{el}] -= {src}")
+            elif assign == "*=":
+                self.emit(f"{eq.output}[{el}] *= {src}")
+            else:
+                self.emit(self.combine(f"{eq.output}[{el}]", src))
+            return
+        self.open_range(range(n))
+        if assign == "-=":
+            self.emit(f"{lhs} -= {value}")
+        elif assign == "*=":
+            self.emit(f"{lhs} *= {value}")
+        else:
+            self.emit(self.combine(lhs, value))
+
+
+def replace_plan(plan: Plan, **changes) -> Plan:
+    from dataclasses import replace
+    return replace(plan, **changes)
 
 
 def render(plan: Plan) -> Source:

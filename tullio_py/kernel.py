@@ -483,6 +483,8 @@ def kernel(expr: str, /, **options) -> Kernel:
 
 
 def _freeze(v):
+    if isinstance(v, bool):       # threads=True and threads=1 are different options
+        return ("bool", v)
     if isinstance(v, dict):
         return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
     if isinstance(v, (list, tuple, set)):

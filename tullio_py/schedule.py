@@ -9,11 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .ir import Access, Affine, Binary, Compare, Const, Equation, IndexValue, Param, Unary, Wrapped
 
 # Below this many (iterations x body cost) a kernel runs on one thread: starting threads costs
 # more than the work.
+# Measured on the 2-core development machine (benchmarks/threshold.py): a numba prange loop costs
+# ~2 us to start; a trivial body runs ~0.2-1 ns per iteration, so threads pay from ~16-32 K.
 PARALLEL_WORK_THRESHOLD = 1 << 15
+CHUNKS = 16      # blocks of a split reduction or scatter: fixed, so results do not depend on
+                 # the thread count
+SHORT = 16       # a parallel loop shorter than this is fused with the next safe loop
+MIN_INNER = 4    # shorter loops are not worth running innermost
+LANES = 8        # independent accumulators of a (max)/(min) over a contiguous loop
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,12 @@ class Plan:
     out_dtype: str
     pad_value: object = 0
     fastmath: bool = False
+    form: str = "scalar"          # "scalar": reductions innermost into a scalar accumulator;
+                                  # "row": a left index innermost, reductions around it
+    chunked: str | None = None    # index split into CHUNKS blocks under an outer prange
+    partial: str | None = None    # "scalar" / "array": per-chunk partial results, combined after
+    collapse: tuple = ()          # two outer safe loops fused into one prange loop
+    lanes: int = 0                # lane-split accumulators on the innermost (contiguous) loop
 
 
 def top_factors(e) -> list:
@@ -199,25 +214,134 @@ def body_cost(eq: Equation) -> int:
     return cost
 
 
+def threading(eq: Equation, ranges: dict[str, range], threads, max_threads: int) -> bool:
+    """Whether a call with these ranges runs on threads: asked for, more than one thread
+    available, and enough work (iterations x body cost) to pay for starting them."""
+    if threads is False or threads is True and max_threads < 2:
+        return False
+    if not isinstance(threads, bool) and threads < 2:
+        return False
+    work = body_cost(eq)
+    for n in eq.indices:
+        work *= max(len(ranges[n]), 1)
+    return work >= PARALLEL_WORK_THRESHOLD
+
+
+def _strides(eq: Equation, ranges, layouts: dict | None, sizes: dict | None) -> dict:
+    """For each index: (accesses it steps through with a stride, elements of the arrays it
+    steps through contiguously).  `layouts[name]` lists an array's dimensions from the largest
+    stride to the smallest (the last is contiguous; empty: none is); arrays without an entry
+    are C-ordered."""
+    layouts, sizes = layouts or {}, sizes or {}
+    out: dict[str, list] = {n: [0, 0] for n in eq.indices}
+    seen = set()
+    for acc in [eq.lhs] + eq.accesses():
+        if not acc.indices or str(acc) in seen:
+            continue
+        seen.add(str(acc))
+        perm = layouts.get(acc.array, tuple(range(len(acc.indices))))
+        slot = acc.indices[perm[-1]] if perm else None
+        inner = slot.inner if isinstance(slot, Wrapped) else slot
+        size = sizes.get(acc.array)
+        if size is None:
+            size = 1
+            for s in acc.indices:
+                size *= max(len(ranges[s.names[0]]), 1) if isinstance(s, Affine) and s.is_bare else 1
+        for n in {x for s in acc.indices for x in s.names}:
+            uses = [d for d, s in enumerate(acc.indices) if n in s.names]
+            if (perm and uses == [perm[-1]] and isinstance(inner, Affine)
+                    and abs(inner.coef(n)) == 1):
+                out[n][1] += size
+            else:
+                out[n][0] += 1
+    return out
+
+
+def innermost(eq: Equation, ranges: dict[str, range], layouts=None, sizes=None) -> str | None:
+    """The index to run innermost: the one with the fewest accesses that step through memory
+    with a stride (those that do not use it are hoisted out of the loop; all others must be
+    contiguous for the loop to vectorise), then the one touching the most elements
+    contiguously.  Short loops (< MIN_INNER) do not qualify; ties go to reduction indices (the
+    accumulator stays in a register), then to the later index."""
+    st = _strides(eq, ranges, layouts, sizes)
+    red = set(eq.reduction_indices)
+    best, key = None, None
+    for pos, n in enumerate(eq.indices):
+        strided, contig = st[n]
+        if len(ranges[n]) < MIN_INNER or not contig:
+            continue
+        k = (-strided, contig, n in red, pos)
+        if key is None or k > key:
+            best, key = n, k
+    return best
+
+
 def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
-         pad_value=0, fastmath=False) -> Plan:
+         pad_value=0, fastmath=False, layouts=None, sizes=None) -> Plan:
+    """Loop order, threading and accumulation form.  `threads` False means serial; anything
+    else means split the work when it is large enough (the caller sets the thread count)."""
     scatter = _scatter(eq)
     guards, guarded, _ = find_guards(eq, pad_value)
-    left = [n for n in eq.lhs_indices]
+    left = list(eq.lhs_indices)
     red = [n for n in eq.indices if n not in left]
-    order = left + red
-    work = body_cost(eq)
-    for n in order:
-        work *= max(len(ranges[n]), 1)
-    parallel_index = None
-    if threads is not False and threads != 1 and work >= PARALLEL_WORK_THRESHOLD:
-        safe = safe_indices(eq)
-        candidates = [n for n in left if n in safe and len(ranges[n]) >= 2]
-        if candidates:
-            parallel_index = candidates[0]
-            # The parallel loop must be the outermost: move it there.
-            order.remove(parallel_index)
-            order.insert(0, parallel_index)
-    loops = tuple(Loop(n, n == parallel_index, n in red) for n in order)
+    best = innermost(eq, ranges, layouts, sizes)
+    form, row = "scalar", None
+    if scatter:
+        order = left + red
+        if best is not None:
+            order.remove(best)
+            order.append(best)
+    elif best in left and red:
+        # The contiguous index is a left index: run it innermost, each reduction step updating
+        # a whole row of the output (or of a small accumulator), reductions outside it.
+        form, row = "row", best
+        order = [n for n in left if n != best] + red + [best]
+    else:
+        if best in red:
+            red.remove(best)
+            red.append(best)
+        elif best in left:
+            left.remove(best)
+            left.append(best)
+        order = left + red
+    parallel, chunked, partial, collapse = None, None, None, ()
+    if threads is True or (threads is not False and isinstance(threads, int) and threads > 1):
+        work = body_cost(eq)
+        for n in order:
+            work *= max(len(ranges[n]), 1)
+        if work >= PARALLEL_WORK_THRESHOLD:
+            safe = safe_indices(eq)
+            cands = [n for n in order if n in safe and n != row and len(ranges[n]) >= 2]
+            if cands:
+                parallel = max(cands, key=lambda n: len(ranges[n]))
+                order.remove(parallel)
+                order.insert(0, parallel)
+                others = [n for n in cands if n != parallel]
+                guarded_idx = {n for g in guards for n in g.expr.names}
+                # A short parallel loop leaves threads idle: fuse it with the next safe loop.
+                if (len(ranges[parallel]) < SHORT and others and parallel not in guarded_idx
+                        and others[0] not in guarded_idx):
+                    second = max(others, key=lambda n: len(ranges[n]))
+                    if second not in guarded_idx:
+                        order.remove(second)
+                        order.insert(1, second)
+                        collapse = (parallel, second)
+            elif row is not None and row in safe and len(ranges[row]) >= 2:
+                parallel = chunked = row          # split the row index into blocks
+            elif not scatter and not left and red:
+                # Full reduction to a scalar: each chunk of the longest reduction loop keeps
+                # its own partial result; the partials are combined in order at the end.
+                chunked = max(red, key=lambda n: len(ranges[n]))
+                partial = "scalar"
+            elif scatter and (sizes or {}).get(eq.output, 1 << 62) * CHUNKS <= work:
+                # Scatter without a safe index: per-chunk copies of the output, combined after.
+                chunked = max(order, key=lambda n: len(ranges[n]))
+                partial = "array"
+    lanes = 0
+    if (form == "scalar" and not scatter and eq.reducer in ("max", "min") and red
+            and order[-1] == best and best in red and np.dtype(out_dtype).kind in "fiu"):
+        lanes = LANES
+    loops = tuple(Loop(n, n == parallel, n not in eq.lhs_indices) for n in order)
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
-                fastmath)
+                fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
+                lanes=lanes)

@@ -1,0 +1,240 @@
+"""Schedules: threaded vs serial, loop order from memory layout, never splitting an unsafe index,
+and every generated form (scalar accumulator, row accumulator, lanes, chunked partials,
+collapsed loops) against the reference interpreter and numpy.
+
+The work threshold for threads is lowered to 0 here so that small arrays (fast to compile and
+check) take the threaded code paths.
+"""
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from reference import evaluate  # noqa: E402
+
+from tullio_py import blas, kernel, schedule  # noqa: E402
+from tullio_py.parse import parse  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def always_threads(monkeypatch):
+    monkeypatch.setattr(schedule, "PARALLEL_WORK_THRESHOLD", 0)
+
+
+def rnd(*shape, seed=0, order="C", dtype=np.float64):
+    a = np.random.default_rng(seed + len(shape)).standard_normal(shape).astype(dtype)
+    return np.asfortranarray(a) if order == "F" else a
+
+
+def F(a):
+    return np.asfortranarray(a)
+
+
+# (expression, arrays builder, options, form expected with threads: (form, chunked, partial))
+TABLE = [
+    ("C[i,k] := A[i,j] * B[j,k]", lambda: dict(A=rnd(9, 7), B=rnd(7, 11)), {}, "row"),
+    ("C[i,k] := A[i,j] * B[j,k]", lambda: dict(A=F(rnd(9, 7)), B=F(rnd(7, 11))), {}, "row"),
+    ("C[i,k] += A[i,j] * B[j,k]", lambda: dict(A=rnd(9, 7), B=rnd(7, 11), C=rnd(9, 11)), {},
+     "row"),
+    ("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
+     lambda: dict(x=rnd(7, 6, 3, 5), W=rnd(7, 6, 3, 3, 3, 4)), {}, "row"),
+    ("(max) M[i] := A[i,j]", lambda: dict(A=rnd(5, 37)), {}, "scalar"),
+    ("(max) M[i] := A[i,j]", lambda: dict(A=F(rnd(37, 6))), {}, "row"),
+    ("(min) M[i] := A[i,j] + 1", lambda: dict(A=rnd(4, 21)), {}, "scalar"),
+    ("(min) M[i] := A[i,j] * (j <= i + 9)", lambda: dict(A=rnd(6, 21)), {}, "scalar"),
+    ("n[i] := A[i,j]**2 |> sqrt", lambda: dict(A=F(rnd(12, 5))), {}, "row"),
+    ("n[i] = A[i,j]**2 |> sqrt", lambda: dict(A=F(rnd(12, 5)), n=rnd(12)), {}, "row"),
+    ("C[i] := A[i,j] * (j <= i)", lambda: dict(A=F(rnd(10, 10))), {}, "row"),
+    ("C[i] := A[i,j] * (j <= i)", lambda: dict(A=rnd(10, 10)), {}, "scalar"),
+    ("y[i] := x[pad(i+k-1, 1, 1)] * h[k]", lambda: dict(x=rnd(30), h=rnd(5)), {}, "row"),
+    ("y[i+j] := x[i] * h[j]", lambda: dict(x=rnd(30), h=rnd(5)), {}, "row"),
+    ("s := A[i] * B[i]", lambda: dict(A=rnd(100), B=rnd(100, seed=1)), {}, "scalar"),
+    ("(max) s := A[i,j]", lambda: dict(A=rnd(40, 30)), {}, "scalar"),
+    ("s += A[i,j] * B[j]", lambda: dict(A=rnd(20, 30), B=rnd(30), s=np.array(1.5)), {},
+     "scalar"),
+    ("H[J[i]] += 1", lambda: dict(J=np.random.default_rng(3).integers(0, 4, 200),
+                                  H=np.zeros(4, np.int64)), {}, "scalar"),
+    ("y[J[i]] += x[i]", lambda: dict(J=np.random.default_rng(3).integers(0, 5, 300),
+                                     x=rnd(300), y=rnd(5)), {}, "scalar"),
+    ("y[J[i], k] += x[i, k]", lambda: dict(J=np.random.default_rng(4).integers(0, 5, 50),
+                                           x=rnd(50, 6), y=rnd(5, 6)), {}, "scalar"),
+    ("C[a,i] := A[a,i,j] * B[j]", lambda: dict(A=rnd(3, 40, 5), B=rnd(5)), {}, "scalar"),
+    ("C[i,j] = C[i,j] * 2 + A[j,i]", lambda: dict(A=rnd(12, 12), C=rnd(12, 12, seed=5)), {},
+     "scalar"),
+    ("P[i] *= A[i,j]", lambda: dict(A=F(rnd(9, 4)), P=rnd(9)), {}, "row"),
+]
+IDS = [f"{e} {'F' if any(isinstance(v, np.ndarray) and v.ndim > 1 and v.flags.f_contiguous and not v.flags.c_contiguous for v in b().values()) else ''}" for e, b, _, _ in TABLE]
+
+
+def _call(expr, arrays, **opts):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        k = kernel(expr, blas=False, **opts)
+        arrays = {n: (v.copy(order="K") if isinstance(v, np.ndarray) else v)
+                  for n, v in arrays.items()}
+        return k, np.asarray(k(**arrays))
+
+
+@pytest.mark.parametrize("expr,build,opts,form", TABLE, ids=IDS)
+def test_threaded_equals_serial_and_reference(expr, build, opts, form):
+    arrays = build()
+    k_par, par = _call(expr, arrays, threads=True, **opts)
+    k_ser, ser = _call(expr, arrays, threads=False, **opts)
+    np.testing.assert_allclose(par, ser, rtol=1e-12, atol=1e-12)
+    eq = parse(expr)
+    rng = kernel(expr, blas=False, threads=False).ranges(
+        **{n: v for n, v in arrays.items() if n != eq.output or eq.assign != ":="})
+    out = arrays.get(eq.output)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = evaluate(eq, arrays, rng, None if out is None else out.copy())
+    np.testing.assert_allclose(par, ref, rtol=1e-10, atol=1e-10)
+    plan = k_par._last.plan
+    assert plan.form == form, k_par.forward_code
+    assert plan.chunked or any(l.parallel for l in plan.loops) or plan.collapse, \
+        k_par.forward_code
+    assert not any(l.parallel for l in k_ser._last.plan.loops) and not k_ser._last.plan.chunked
+
+
+def test_partials_for_scalar_and_scatter():
+    _, _ = _call("s := A[i] * B[i]", dict(A=rnd(100), B=rnd(100)), threads=True)
+    k = kernel("s := A[i] * B[i]", blas=False, threads=True)
+    assert k._last.plan.partial == "scalar" and "_part[_c]" in k.forward_code
+    J = np.random.default_rng(3).integers(0, 4, 200)
+    _, H = _call("H[J[i]] += 1", dict(J=J, H=np.zeros(4, np.int64)), threads=True)
+    assert np.array_equal(H, np.bincount(J, minlength=4))
+    k = kernel("H[J[i]] += 1", blas=False, threads=True)
+    assert k._last.plan.partial == "array"
+
+
+def test_threads_n_and_false_honoured():
+    A, B = rnd(30, 20), rnd(20, 25)
+    for threads in (False, 1, 2, True):
+        k, C = _call("C[i,k] := A[i,j] * B[j,k]", dict(A=A, B=B), threads=threads)
+        np.testing.assert_allclose(C, A @ B, rtol=1e-12)
+        par = k._last.source.parallel
+        assert par == (threads is True or (threads is not False and threads > 1)), threads
+
+
+# ----------------------------------------------------------------------------- safety
+SAFETY = [
+    "y[i+j] := x[i] * h[j]",
+    "y[J[i]] += x[i]",
+    "y[J[i], k] += x[i, k]",
+    "y[2i+j] += x[i] * h[j]",
+    "C[i,k] := A[i,j] * B[j,k]",
+    "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
+    "s := A[i] * B[i]",
+    "A[i,i] := B[i,j]",
+]
+
+
+@pytest.mark.parametrize("expr", SAFETY)
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_never_parallel_over_unsafe_index(expr, order):
+    eq = parse(expr)
+    rng = {n: range(0, 40) for n in eq.indices}
+    layouts = {a: (tuple(range(3)) if order == "C" else (2, 1, 0)) for a in eq.arrays}
+    lhs = eq.lhs.indices
+    unsafe = set(eq.reduction_indices) | {n for s in lhs if not (hasattr(s, "is_bare")
+                                                                 and s.is_bare) for n in s.names}
+    for threads in (True, 2):
+        p = schedule.plan(eq, rng, "float64", threads=threads, layouts=None)
+        for loop in p.loops:
+            if loop.parallel:
+                assert loop.index not in unsafe, (expr, p.loops)
+        for n in p.collapse:
+            assert n not in unsafe
+        if p.chunked in unsafe:
+            assert p.partial is not None        # only with per-chunk partial results
+
+
+def test_loop_order_follows_layout():
+    eq = parse("C[i,k] := A[i,j] * B[j,k]")
+    rng = {n: range(64) for n in "ijk"}
+    c = schedule.plan(eq, rng, "float32", threads=False)
+    assert [l.index for l in c.loops][-1] == "k" and c.form == "row"
+    f = schedule.plan(eq, rng, "float32", threads=False,
+                      layouts={"A": (1, 0), "B": (1, 0), "C": (1, 0)})
+    assert [l.index for l in f.loops][-1] == "i" and f.form == "row"
+    eq = parse("(max) M[i] := A[i,j]")
+    assert schedule.plan(eq, rng, "float32").loops[-1].index == "j"
+    assert schedule.plan(eq, rng, "float32").lanes
+    assert schedule.plan(eq, rng, "float32", layouts={"A": (1, 0)}).loops[-1].index == "i"
+    # The local convolution: the batch index b is contiguous in x and out; W is read once per
+    # (s,t,i,j,c1,c2) and hoisted out of the b loop.
+    eq = parse("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]")
+    rng = dict(s=range(30), t=range(30), c2=range(16), b=range(16), i=range(3), j=range(3),
+               c1=range(8))
+    p = schedule.plan(eq, rng, "float32", threads=True)
+    assert p.loops[-1].index == "b" and p.loops[0].parallel and p.form == "row"
+
+
+def test_layout_of_actual_arrays_used():
+    A, B = rnd(16, 16), rnd(16, 16)
+    for order, inner in (("C", "k"), ("F", "i")):
+        a, b, c = (F(A), F(B), F(0 * A)) if order == "F" else (A, B, 0 * A)
+        k, C = _call("C[i,k] += A[i,j] * B[j,k]", dict(A=a, B=b, C=c), threads=False)
+        np.testing.assert_allclose(C, A @ B, rtol=1e-12)
+        assert k._last.plan.loops[-1].index == inner
+
+
+def test_hoisted_read_and_row_code():
+    x, W = rnd(6, 6, 2, 8), rnd(6, 6, 3, 3, 2, 3)
+    k, out = _call("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
+                   dict(x=x, W=W), threads=False)
+    code = k.forward_code
+    assert "_h0 = W[" in code and "* _h0" in code
+
+
+# ----------------------------------------------------------------------------- BLAS dispatch
+def test_blas_dispatch_and_off():
+    A, B = rnd(64, 48, dtype=np.float32), rnd(48, 40, dtype=np.float32)
+    on = kernel("C[i,k] := A[i,j] * B[j,k]")
+    off = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False)
+    c_on, c_off = on(A=A, B=B), off(A=A, B=B)
+    ref = A.astype(np.float64) @ B
+    np.testing.assert_allclose(c_on, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(c_off, ref, rtol=1e-4, atol=1e-4)
+    assert c_on.dtype == np.float32 and on._blas is not None and off._blas is None
+    assert off._last is not None                  # the loops ran
+    C = np.ones((64, 40))
+    kernel("C[i,k] += 2.0 * A[i,j] * B[j,k]")(A=A.astype(float), B=B.astype(float), C=C)
+    np.testing.assert_allclose(C, 1 + 2 * ref, rtol=1e-4)
+
+
+@pytest.mark.parametrize("expr,ok", [
+    ("C[i,k] := A[i,j] * B[j,k]", True),
+    ("C[i,k] := A[i,j] * B[j,k] * alpha", True),
+    ("s := A[i] * B[i]", True),
+    ("C[i,k] := A[i,j] * B[j+1,k]", False),
+    ("C[i,k] := exp(A[i,j]) * B[j,k]", False),
+    ("C[i,k] := A[i,j] * B[j,k] * (i <= k)", False),
+    ("(max) C[i,k] := A[i,j] * B[j,k]", False),
+    ("C[i,k] := A[i,j] + B[j,k]", False),
+    ("C[i,k] := A[i,k]", False),
+    ("C[i,k] := A[i,j] * B[J[j],k]", False),
+])
+def test_contraction_detection(expr, ok):
+    assert (blas.contraction(parse(expr)) is not None) == ok
+
+
+def test_gradient_threaded_equals_serial():
+    kp = kernel("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]", threads=True)
+    ks = kernel("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]", threads=False)
+    if not hasattr(kp, "vjp"):
+        pytest.skip("no gradients")
+    x, W = rnd(7, 6, 2, 5), rnd(7, 6, 3, 3, 2, 3)
+    d = rnd(5, 4, 3, 5, seed=9)
+    gp, gs = kp.vjp(d, x=x, W=W), ks.vjp(d, x=x, W=W)
+    for n in ("x", "W"):
+        np.testing.assert_allclose(gp[n], gs[n], rtol=1e-12, atol=1e-12)
+    # against the adjoint identity <d, J dx> = <vjp(d), dx> with a finite difference
+    eps = 1e-6
+    dx = rnd(*x.shape, seed=11)
+    f = lambda xx: kp(x=xx, W=W)  # noqa: E731
+    fd = np.sum(d * (f(x + eps * dx) - f(x - eps * dx))) / (2 * eps)
+    assert abs(fd - np.sum(gp["x"] * dx)) < 1e-6 * max(1, abs(fd))
