@@ -327,9 +327,9 @@ def _cuda_call(kernel, arrays: dict, devices: set):
     allocates the result with torch).  Their gradients are not wired yet: the gradient kernels
     run on numpy arrays, so a CUDA tensor that requires grad is an error, not a silent copy."""
     eq = kernel.equation
-    host = any(isinstance(v, np.ndarray) for v in arrays.values()) or "cpu" in devices
-    if len(devices) > 1 or host:
-        raise ArgumentError(f"arrays on different devices ({', '.join(sorted(devices | ({'cpu'} if host else set())))})",
+    where = devices | ({"cpu"} if any(isinstance(v, np.ndarray) for v in arrays.values()) else set())
+    if len(where) > 1:
+        raise ArgumentError(f"arrays on different devices ({', '.join(sorted(where))})",
                             eq.text, None, "move every tensor to the same device")
     tensors = [v for v in arrays.values() if isinstance(v, torch.Tensor)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
