@@ -72,6 +72,10 @@ def test_printed_equations_reproduce_vjp(title, expr, options, arrays):
 
 
 def test_local_convolution_equations_read_well():
+    fresh = kernel("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]", verbose=0, pad=0)
+    if fresh._gradient()._last is None:     # before any call: the mask on s is implied too
+        assert fresh.gradient_equations["x"] == [
+            "dx[p, q, c1, b] += dout[pad(p-i), pad(q-j), c2, b] * W[p, q, i, j, c1, c2]"]
     k = kernel("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]")
     x, W = r(5, 5, 2, 2), r(5, 5, 3, 3, 2, 2)
     k.vjp(r(3, 3, 2, 2), x=x, W=W)

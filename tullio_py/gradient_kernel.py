@@ -185,7 +185,9 @@ class Gradient:
     def _printable(self, g: Equation, rng, shapes, params) -> str:
         solved = rewrite.solve(g)
         e = solved.equation if solved else g
-        if rng is None:       # no call yet: bounds stay named parameters
+        if rng is None:       # no call yet: bounds stay named parameters, unless implied
+            if solved:
+                e = self._drop_structural(e, solved)
             return str(_subst_params(e, {p: Param(p.lstrip("_")) for p in
                                          (solved.bound_params if solved else {})}))
         grng = self._clip_bare(g, rng, shapes[g.output])
@@ -198,6 +200,34 @@ class Gradient:
         e = _drop_redundant(e, shapes, call_ranges)
         e = _add_range_masks(e, shapes, call_ranges)
         return str(e)
+
+    def _drop_structural(self, e: Equation, solved) -> Equation:
+        """Without shapes: the mask on an eliminated index v that a ':=' forward has bare at
+        left position d (so v runs over exactly the cotangent's extent d) is implied by a
+        guarding read `dout[..., pad(value of v), ...]`."""
+        fwd = self.fwd
+        if fwd.equation.assign != ":=":
+            return e
+        red = set(e.reduction_indices)
+        cot = "d" + fwd.equation.output
+        guarded = set()
+        for f in schedule.top_factors(e.rhs):
+            if isinstance(f, Access) and f.array == cot:
+                for d, s in enumerate(f.indices):
+                    if (isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
+                            and red & set(s.names)):
+                        lhs = fwd.equation.lhs.indices[d]
+                        if isinstance(lhs, Affine) and lhs.is_bare and lhs.names[0] not in fwd.given:
+                            guarded.add((lhs.names[0], s.inner))
+        keep = []
+        for f in schedule.top_factors(e.rhs):
+            if isinstance(f, Compare) and len(f.operands) == 3 and isinstance(f.operands[0], Param):
+                v = f.operands[0].name[len("_lo_"):]
+                m = _mask_bounds(Compare(("<=", "<"), (Const(0), f.operands[1], Const(1))))
+                if m is not None and (v, m[0]) in guarded:
+                    continue
+            keep.append(f)
+        return replace(e, rhs=_rebuild(keep))
 
     def code(self, target: str = "cpu") -> str:
         """Generated source of every gradient kernel (of the last vjp call, when there was one)."""
