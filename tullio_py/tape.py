@@ -312,9 +312,8 @@ class Tape:
         g = self._adjoints.get(id(array))
         if g is None:
             g = np.zeros(_as_numpy(array).shape, _as_numpy(array).dtype)
-        if _is_torch(array):
-            import torch
-            return torch.from_numpy(np.asarray(g)).to(array.device)
+        if _is_torch(array):           # torch is loaded: the array is a tensor
+            return sys.modules["torch"].from_numpy(np.asarray(g)).to(array.device)
         return g
 
 
