@@ -13,7 +13,7 @@ import numpy as np
 
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Gather, IndexValue, Param, Unary,
                  Wrapped)
-from .schedule import CHUNKS, Guard, Plan
+from .schedule import CHUNKS, Guard, Linear, Plan
 
 _FUNCS = {"exp": "_np.exp", "log": "_np.log", "log1p": "_np.log1p", "expm1": "_np.expm1",
           "sqrt": "_np.sqrt", "abs": "abs", "sin": "_np.sin", "cos": "_np.cos", "tan": "_np.tan",
@@ -149,32 +149,31 @@ class _Render:
                 checks.append(f"if not ({g.cond}):\n    continue")
                 continue
             c = g.expr.coef(v)
-            rest = Affine.of(tuple(t for t in g.expr.terms if t[0] != v))
-            rest_code = str(rest) if rest.terms else "0"
-            if c == 1:
+            rest = Linear.of_affine(Affine.of(tuple(t for t in g.expr.terms if t[0] != v)))
+            if c == 1:              # lo <= v + rest < hi
                 if g.lo is not None:
-                    lo.append(f"{g.lo} - ({rest_code})")
+                    lo.append(str(g.lo - rest))
                 if g.hi is not None:
-                    hi.append(f"{g.hi} - ({rest_code})")
-            elif c == -1:
+                    hi.append(str(g.hi - rest))
+            elif c == -1:           # lo <= -v + rest < hi
                 if g.hi is not None:
-                    lo.append(f"({rest_code}) - ({g.hi}) + 1")
+                    lo.append(str(rest - g.hi + 1))
                 if g.lo is not None:
-                    hi.append(f"({rest_code}) - ({g.lo}) + 1")
+                    hi.append(str(rest - g.lo + 1))
             else:
                 # lo <= c*v + rest < hi with |c| > 1 (strided gradients): clip by floor
                 # division instead of testing every v (which made them quadratic).
                 m = abs(c)
                 if c > 0:
                     if g.lo is not None:
-                        lo.append(f"-((({rest_code}) - ({g.lo})) // {m})")
+                        lo.append(f"-(({rest - g.lo}) // {m})")
                     if g.hi is not None:
-                        hi.append(f"(({g.hi}) - 1 - ({rest_code})) // {m} + 1")
+                        hi.append(f"({g.hi - rest - 1}) // {m} + 1")
                 else:
                     if g.hi is not None:
-                        lo.append(f"-((({g.hi}) - 1 - ({rest_code})) // {m})")
+                        lo.append(f"-(({g.hi - rest - 1}) // {m})")
                     if g.lo is not None:
-                        hi.append(f"(({rest_code}) - ({g.lo})) // {m} + 1")
+                        hi.append(f"({rest - g.lo}) // {m} + 1")
         start = lo[0] if len(lo) == 1 else f"max({', '.join(lo)})"
         stop = hi[0] if len(hi) == 1 else f"min({', '.join(hi)})"
         return start, stop, checks

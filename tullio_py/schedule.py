@@ -33,14 +33,56 @@ class Loop:
 
 
 @dataclass(frozen=True)
+class Linear:
+    """sum(coef * symbol) + const, symbols being code (indices, parameters, `x.shape[0]`):
+    loop bounds are built from these so the generated code reads `p - _lo_s + 1`, not
+    `(0 - (-p)) - (_lo_s) + 1`."""
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def of(terms=(), const: int = 0) -> "Linear":
+        merged: dict[str, int] = {}
+        for name, coef in terms:
+            merged[name] = merged.get(name, 0) + coef
+        return Linear(tuple((n, c) for n, c in merged.items() if c), const)
+
+    @staticmethod
+    def of_affine(a: Affine) -> "Linear":
+        return Linear.of(a.terms, a.const)
+
+    def __add__(self, other) -> "Linear":
+        if isinstance(other, int):
+            return Linear(self.terms, self.const + other)
+        return Linear.of(self.terms + other.terms, self.const + other.const)
+
+    def __neg__(self) -> "Linear":
+        return Linear(tuple((n, -c) for n, c in self.terms), -self.const)
+
+    def __sub__(self, other) -> "Linear":
+        return self + (-other)
+
+    def __str__(self) -> str:
+        out = ""
+        for name, coef in sorted(self.terms, key=lambda t: t[1] < 0):
+            mag = abs(coef)
+            term = name if mag == 1 else f"{mag}*{name}"
+            out += (f" - {term}" if coef < 0 else f" + {term}") if out else (
+                f"-{term}" if coef < 0 else term)
+        if self.const:
+            out += (f" + {self.const}" if self.const > 0 else f" - {-self.const}") if out else str(self.const)
+        return out or "0"
+
+
+@dataclass(frozen=True)
 class Guard:
     """lo <= expr < hi must hold for an iteration to run; lo/hi are code (None: unbounded).
     A guard is applied at the loop of its innermost index.  A guard that involves a reduction
     index restricts the terms of the reduction and must be applied at a reduction loop; only a
     guard on left-hand indices alone may skip writing an element (a mask selecting elements)."""
     expr: Affine
-    lo: str | None
-    hi: str | None
+    lo: Linear | None
+    hi: Linear | None
     cond: str | None = None       # a general condition (e.g. i != j) checked with `if`
 
 
@@ -107,11 +149,6 @@ def _add(a, b):
     return a[0] + b[0], {p: c for p, c in params.items() if c}, a[2] + b[2]
 
 
-def _code(params: dict, const: int) -> str:
-    parts = [(f"{p}" if c == 1 else f"-{p}" if c == -1 else f"{c}*{p}") for p, c in params.items()]
-    if const or not parts:
-        parts.append(str(const))
-    return " + ".join(parts).replace("+ -", "- ")
 
 
 def compare_guards(c: Compare) -> list[Guard] | None:
@@ -125,17 +162,18 @@ def compare_guards(c: Compare) -> list[Guard] | None:
         idx = Affine(diff[0].terms)
         if not idx.terms:
             return None
-        bound = _code(_scale(diff, -1)[1], -diff[2])  # idx  op  -(params + const)
+        neg = _scale(diff, -1)                     # idx  op  -(params + const)
+        bound = Linear.of(tuple(neg[1].items()), neg[2])
         if op == "<":
             out.append(Guard(idx, None, bound))
         elif op == "<=":
-            out.append(Guard(idx, None, f"{bound} + 1"))
+            out.append(Guard(idx, None, bound + 1))
         elif op == ">":
-            out.append(Guard(idx, f"{bound} + 1", None))
+            out.append(Guard(idx, bound + 1, None))
         elif op == ">=":
             out.append(Guard(idx, bound, None))
         else:
-            out.append(Guard(idx, bound, f"{bound} + 1"))
+            out.append(Guard(idx, bound, bound + 1))
     return out
 
 
@@ -179,14 +217,14 @@ def find_guards(eq: Equation, pad_value) -> tuple[list[Guard], set[str], list]:
                         for s in f.indices)):
             reduced = set(eq.reduction_indices)
             pads = [(d, s) for d, s in enumerate(f.indices) if isinstance(s, Wrapped)]
-            # A guard on left-hand indices only would skip writing elements that must be
-            # written (as the pad value): those reads keep their per-element check.
-            if all(reduced & set(s.names) for _, s in pads):
+            # A guard on left-hand indices only would skip writing elements that `:=`/`=` must
+            # write (as the pad value): those reads keep their per-element check.  Under `+=`
+            # and `-=` a skipped element is unchanged, which is what adding 0 gives.
+            if eq.assign in ("+=", "-=") or all(reduced & set(s.names) for _, s in pads):
                 for d, s in pads:
                     c = s.inner.const
-                    guards.append(Guard(Affine(s.inner.terms), str(-c),
-                                        f"{f.array}.shape[{d}]" + (f" - {c}" if c > 0 else
-                                                                   f" + {-c}" if c else "")))
+                    guards.append(Guard(Affine(s.inner.terms), Linear((), -c),
+                                        Linear(((f"{f.array}.shape[{d}]", 1),), -c)))
                 guarded.add(str(f))
         rest.append(f)
     return guards, guarded, rest
