@@ -21,7 +21,8 @@ import numpy as np
 
 from . import grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
 from .errors import GradientError, RangeError, SummationWarning
-from .ir import Access, Affine, Binary, Call, Compare, Const, Equation, Param, Unary, Wrapped
+from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Param, Unary, Wrapped,
+                 map_expr)
 
 
 def _run(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
@@ -246,23 +247,10 @@ class Gradient:
 
 
 # ----------------------------------------------------------------------------- equation edits
-def _map_expr(e, f):
-    e = f(e)
-    if isinstance(e, Unary):
-        return Unary(e.op, _map_expr(e.operand, f))
-    if isinstance(e, Binary):
-        return Binary(e.op, _map_expr(e.left, f), _map_expr(e.right, f))
-    if isinstance(e, Compare):
-        return Compare(e.ops, tuple(_map_expr(x, f) for x in e.operands))
-    if isinstance(e, Call):
-        return Call(e.func, tuple(_map_expr(x, f) for x in e.args), e.span)
-    return e
-
-
 def _subst_params(eq: Equation, values: dict) -> Equation:
     def f(e):
         return values.get(e.name, e) if isinstance(e, Param) else e
-    return replace(eq, rhs=_map_expr(eq.rhs, f))
+    return replace(eq, rhs=map_expr(eq.rhs, f))
 
 
 def _rebuild(factors):

@@ -252,6 +252,27 @@ def walk(e):
             yield from walk(x)
 
 
+def map_expr(e, f):
+    """Apply f to every node, parents first (f returns the node or its replacement), rebuilding
+    the tree around the results."""
+    e = f(e)
+    if isinstance(e, Unary):
+        return Unary(e.op, map_expr(e.operand, f))
+    if isinstance(e, Binary):
+        return Binary(e.op, map_expr(e.left, f), map_expr(e.right, f))
+    if isinstance(e, Compare):
+        return Compare(e.ops, tuple(map_expr(x, f) for x in e.operands))
+    if isinstance(e, Call):
+        return Call(e.func, tuple(map_expr(x, f) for x in e.args), e.span)
+    return e
+
+
+def rename_reads(e, old: str, new: str):
+    """The expression with every read of array `old` reading array `new` instead."""
+    return map_expr(e, lambda n: Access(new, n.indices, n.span)
+                    if isinstance(n, Access) and n.array == old else n)
+
+
 def slot_names(slot: Slot) -> tuple[str, ...]:
     return slot.names
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -307,15 +307,9 @@ class Kernel:
 
     def _prepare(self, arrays, rng, dtype, out_shape):
         eq = self.equation
-        solved = rewrite.solve(eq)
-        call_ranges, extra_params = rng, {}
-        work_eq = eq
-        if solved is not None:
-            work_eq = solved.equation
-            call_ranges, extra_params = rewrite.solved_ranges(solved, rng, out_shape)
-        snapshot = _reads_output_elsewhere(work_eq)
-        if snapshot:
-            work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
+        low = rewrite.lower(eq, rng, out_shape)
+        work_eq, call_ranges, extra_params = low.equation, low.ranges, low.bound_params
+        solved, snapshot = low.solved, low.snapshot
         parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
         key = (str(work_eq), dtype.str, target, parallel,
@@ -372,11 +366,7 @@ class Kernel:
     def source(self, target: str = "cpu", grad: bool = False) -> str:
         if grad:
             return self._gradient().code(target)
-        eq = self.equation
-        solved = rewrite.solve(eq)
-        work_eq = solved.equation if solved else eq
-        if _reads_output_elsewhere(work_eq):
-            work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
+        work_eq = rewrite.lower(self.equation).equation
         fake = {n: range(0, 1) for n in work_eq.indices}
         plan = schedule.plan(work_eq, fake, "float64", threads=False, pad_value=self.pad)
         if target == "cuda":
@@ -427,32 +417,6 @@ def _dims_by_stride(a: np.ndarray) -> tuple:
         return tuple(range(a.ndim - 1, -1, -1))
     dims = tuple(sorted(range(a.ndim), key=lambda d: -abs(a.strides[d])))
     return dims if dims and abs(a.strides[dims[-1]]) == a.itemsize else ()
-
-
-def _reads_output_elsewhere(eq: Equation) -> bool:
-    if eq.assign == ":=":
-        return False
-    scatter = rewrite.is_scatter(eq)
-    for acc in eq.accesses():
-        if acc.array == eq.output and (scatter or acc.indices != eq.lhs.indices):
-            return True
-    return False
-
-
-def _rename_reads(eq: Equation, old: str, new: str) -> Equation:
-    def go(e):
-        if isinstance(e, Access):
-            return Access(new, e.indices, e.span) if e.array == old else e
-        if isinstance(e, Unary):
-            return Unary(e.op, go(e.operand))
-        if isinstance(e, Binary):
-            return Binary(e.op, go(e.left), go(e.right))
-        if isinstance(e, Call):
-            return Call(e.func, tuple(go(a) for a in e.args), e.span)
-        if e.__class__.__name__ == "Compare":
-            return type(e)(e.ops, tuple(go(a) for a in e.operands))
-        return e
-    return replace(eq, rhs=go(eq.rhs))
 
 
 def _find(text: str, name: str):

@@ -364,7 +364,6 @@ class _Parser:
 
     # --------------------------------------------------------------- statement-level rules
     def check_rules(self, eq: Equation, op_at: int, rhs_span):
-        t = self.text
         reads_output = any(a.array == eq.output for a in eq.accesses()) or \
             any(isinstance(n, Param) and n.name == eq.output for n in walk(eq.rhs)) or \
             any(g.array == eq.output for g in eq.gathers())

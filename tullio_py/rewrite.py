@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue,
-                 Param, Unary, Wrapped)
+                 Param, Unary, Wrapped, map_expr, rename_reads)
 
 
 @dataclass(frozen=True)
@@ -145,19 +145,13 @@ def substitute_slot_plain(a: Affine, subst: dict[str, Affine]) -> Affine:
 
 
 def substitute_expr(e, subst: dict[str, Affine]):
-    if isinstance(e, Access):
-        return Access(e.array, tuple(substitute_slot(s, subst) for s in e.indices), e.span)
-    if isinstance(e, IndexValue):
-        return affine_expr(subst[e.name]) if e.name in subst else e
-    if isinstance(e, Unary):
-        return Unary(e.op, substitute_expr(e.operand, subst))
-    if isinstance(e, Binary):
-        return Binary(e.op, substitute_expr(e.left, subst), substitute_expr(e.right, subst))
-    if isinstance(e, Compare):
-        return Compare(e.ops, tuple(substitute_expr(x, subst) for x in e.operands))
-    if isinstance(e, Call):
-        return Call(e.func, tuple(substitute_expr(x, subst) for x in e.args), e.span)
-    return e
+    def one(n):
+        if isinstance(n, Access):
+            return Access(n.array, tuple(substitute_slot(s, subst) for s in n.indices), n.span)
+        if isinstance(n, IndexValue) and n.name in subst:
+            return affine_expr(subst[n.name])
+        return n
+    return map_expr(e, one)
 
 
 def solved_ranges(solved: Solved, ranges: dict[str, range], out_shape: tuple[int, ...]):
@@ -183,3 +177,39 @@ def solved_ranges(solved: Solved, ranges: dict[str, range], out_shape: tuple[int
     for v in {v for v, _ in solved.bound_params.values()}:
         new_ranges.pop(v, None)
     return new_ranges, params
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """What the loops actually run: the statement after the shifted-LHS rewrite and with reads
+    of the output at other positions renamed to a snapshot `_old_<out>`."""
+    equation: Equation
+    ranges: dict
+    bound_params: dict
+    solved: Solved | None
+    snapshot: bool
+
+
+def reads_output_elsewhere(eq: Equation) -> bool:
+    """The right side reads the output other than at exactly the written element (or the left
+    side is a scatter): it must read a copy taken before the statement."""
+    if eq.assign == ":=":
+        return False
+    scatter = is_scatter(eq)
+    return any(acc.array == eq.output and (scatter or acc.indices != eq.lhs.indices)
+               for acc in eq.accesses())
+
+
+def lower(eq: Equation, ranges: dict | None = None, out_shape=None) -> Lowered:
+    """Rewrite and snapshot renaming; with the forward's ranges and the output's shape, also
+    the ranges and mask bounds of the rewritten statement."""
+    solved = solve(eq)
+    work, rng, bounds = eq, ranges, {}
+    if solved is not None:
+        work = solved.equation
+        if ranges is not None:
+            rng, bounds = solved_ranges(solved, ranges, out_shape)
+    snapshot = reads_output_elsewhere(work)
+    if snapshot:
+        work = replace(work, rhs=rename_reads(work.rhs, eq.output, "_old_" + eq.output))
+    return Lowered(work, rng, bounds, solved, snapshot)

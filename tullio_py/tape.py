@@ -134,7 +134,6 @@ class Tape:
         eq = kernel.equation
         token = _CURRENT.set(None)          # the call itself (and its frontends) is not recorded
         try:
-            cover_before = None
             out_obj = arrays.get(eq.output)
             if eq.assign != ":=" and out_obj is not None:
                 self._before_write(out_obj, kernel, arrays)
@@ -321,7 +320,7 @@ def _old_value_kernel(k):
     """(kernel of the statement with reads of its output renamed, the new name)."""
     from dataclasses import replace as _replace
 
-    from .ir import Access, Binary, Call, Compare, Unary
+    from .ir import rename_reads
     from .kernel import kernel as make
     eq = k.equation
     taken = set(eq.indices) | set(eq.arrays) | set(eq.params)
@@ -329,19 +328,7 @@ def _old_value_kernel(k):
     while old in taken:
         old += "_"
 
-    def go(e):
-        if isinstance(e, Access):
-            return Access(old, e.indices) if e.array == eq.output else e
-        if isinstance(e, Unary):
-            return Unary(e.op, go(e.operand))
-        if isinstance(e, Binary):
-            return Binary(e.op, go(e.left), go(e.right))
-        if isinstance(e, Compare):
-            return Compare(e.ops, tuple(go(x) for x in e.operands))
-        if isinstance(e, Call):
-            return Call(e.func, tuple(go(x) for x in e.args))
-        return e
-    new = _replace(eq, rhs=go(eq.rhs), text="")
+    new = _replace(eq, rhs=rename_reads(eq.rhs, eq.output, old), text="")
     options = {o: v for o, v in k.options.items() if o in ("ranges", "pad", "threads") and v}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

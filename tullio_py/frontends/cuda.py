@@ -86,17 +86,9 @@ class Prepared:
 def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
     """(Prepared, ranges of the rewritten equation, extra bound parameters): the shifted-LHS
     rewrite and in-place snapshot exactly as on the CPU, then the CUDA source, cached."""
-    from ..kernel import _reads_output_elsewhere, _rename_reads
-    eq = kernel.equation
-    solved = rewrite.solve(eq)
-    call_ranges, extra = rng, {}
-    work_eq = eq
-    if solved is not None:
-        work_eq = solved.equation
-        call_ranges, extra = rewrite.solved_ranges(solved, rng, out_shape)
-    snapshot = _reads_output_elsewhere(work_eq)
-    if snapshot:
-        work_eq = _rename_reads(work_eq, eq.output, "_old_" + eq.output)
+    low = rewrite.lower(kernel.equation, rng, out_shape)
+    work_eq, call_ranges, extra = low.equation, low.ranges, low.bound_params
+    snapshot = low.snapshot
     key = ("cuda", str(work_eq), dtype.str,
            tuple((n, a.dtype.str, a.ndim) if isinstance(a, np.ndarray) else (n, type(a).__name__)
                  for n, a in sorted(checked.items())))
