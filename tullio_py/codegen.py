@@ -380,27 +380,37 @@ class _Render:
         return bool(self.loop_bounds(loop, opened, list(self.plan.guards))[2])
 
     def emit_lanes(self, k: int):
-        """(max)/(min) over a contiguous loop with LANES independent accumulators, which the
-        compiler turns into vector max/min (a single chain cannot be vectorised)."""
+        """A reduction over a contiguous loop with LANES independent accumulators, which the
+        compiler can turn into vector instructions (a single chain cannot be vectorised, and a
+        float sum chain waits on every add).  The lanes are combined in a fixed order, so the
+        result does not depend on the number of threads."""
         loop = self.plan.loops[k]
         v, L = loop.index, self.plan.lanes
         base = ("_clo", "_chi") if self.plan.chunked == v else None
         start, stop, _ = self.loop_bounds(loop, set(self.opened), list(self.plan.guards), base)
-        op = ">" if self.eq.reducer == "max" else "<"
+        red = self.eq.reducer
+        op = ">" if red == "max" else "<"
         value = self.rhs_without_guards()
         if v in self.nonneg:
             start = f"max({start}, 0)"
         self.emit(f"_lo = {start}\n_hi = {stop}\n_e = _lo + max(_hi - _lo, 0) // {L} * {L}")
-        self.emit("\n".join(f"_a{l} = _acc" for l in range(L)))
+        self.emit("\n".join(f"_a{l} = {'_T(0)' if red == '+' else '_acc'}" for l in range(L)))
         self.emit(f"for _j in range(max(_hi - _lo, 0) // {L}):")
         self.depth += 1
         for l in range(L):
-            self.emit(f"{v} = _lo + _j * {L} + {l}\n_x = {value}\n_a{l} = _x if _x {op} _a{l} else _a{l}")
+            step = (f"_a{l} += _x" if red == "+" else f"_a{l} = _x if _x {op} _a{l} else _a{l}")
+            self.emit(f"{v} = _lo + _j * {L} + {l}\n_x = {value}\n{step}")
         self.depth -= 1
         self.emit(f"for _k in range(_hi - _e):\n    {v} = _e + _k")
         self.depth += 1
         self.emit(self.combine("_acc", value))
         self.depth -= 1
+        if red == "+":
+            pairs = [f"_a{l}" for l in range(L)]
+            while len(pairs) > 1:
+                pairs = [f"({a} + {b})" for a, b in zip(pairs[::2], pairs[1::2])]
+            self.emit(f"_acc += {pairs[0]}")
+            return
         for l in range(L):
             self.emit(f"if _a{l} {op} _acc:\n    _acc = _a{l}")
 

@@ -12,6 +12,7 @@ equality or hashing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Union
 
 Span = tuple[int, int] | None
@@ -313,14 +314,14 @@ class Equation:
                 out += slot_gathers(s)
         return out
 
-    @property
+    @cached_property   # the equation is frozen: computed once
     def lhs_indices(self) -> tuple[str, ...]:
         seen: list[str] = []
         for s in self.lhs.indices:
             seen += [n for n in slot_names(s) if n not in seen]
         return tuple(seen)
 
-    @property
+    @cached_property
     def indices(self) -> tuple[str, ...]:
         """Every loop index: left-hand first, then right-hand in order of appearance."""
         seen = list(self.lhs_indices)
@@ -332,12 +333,12 @@ class Equation:
                 seen.append(n.name)
         return tuple(seen)
 
-    @property
+    @cached_property
     def reduction_indices(self) -> tuple[str, ...]:
         left = set(self.lhs_indices)
         return tuple(n for n in self.indices if n not in left)
 
-    @property
+    @cached_property
     def arrays(self) -> tuple[str, ...]:
         """Names of arrays read (including gathers' index arrays), in order, without the output
         unless the right-hand side reads it."""
@@ -350,7 +351,7 @@ class Equation:
                 seen.append(g.array)
         return tuple(seen)
 
-    @property
+    @cached_property
     def params(self) -> tuple[str, ...]:
         seen: list[str] = []
         for n in walk(self.rhs):

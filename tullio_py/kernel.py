@@ -124,6 +124,7 @@ class Kernel:
         self.threads, self.target, self.pad = threads, target, pad
         self.fastmath, self.verbose = fastmath, verbose
         self._prepared: dict = {}
+        self._lowered = None
         self._last: Prepared | None = None
         self._calls = callpath.CallCache(self.equation, threads)   # the fast call path
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
@@ -307,12 +308,15 @@ class Kernel:
 
     def _prepare(self, arrays, rng, dtype, out_shape):
         eq = self.equation
-        low = rewrite.lower(eq, rng, out_shape)
+        if self._lowered is None:       # the statement's rewrite, once per kernel
+            self._lowered = rewrite.lower(eq)
+            self._lowered_text = str(self._lowered.equation)
+        low = rewrite.lower(eq, rng, out_shape, static=self._lowered)
         work_eq, call_ranges, extra_params = low.equation, low.ranges, low.bound_params
         solved, snapshot = low.solved, low.snapshot
         parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
-        key = (str(work_eq), dtype.str, target, parallel,
+        key = (self._lowered_text, dtype.str, target, parallel,
                tuple((n, a.dtype.str, a.ndim, _layout(a)) if isinstance(a, np.ndarray)
                      else (n, type(a).__name__) for n, a in sorted(arrays.items())))
         prepared = self._prepared.get(key)

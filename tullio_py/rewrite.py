@@ -200,16 +200,19 @@ def reads_output_elsewhere(eq: Equation) -> bool:
                for acc in eq.accesses())
 
 
-def lower(eq: Equation, ranges: dict | None = None, out_shape=None) -> Lowered:
+def lower(eq: Equation, ranges: dict | None = None, out_shape=None,
+          static: Lowered | None = None) -> Lowered:
     """Rewrite and snapshot renaming; with the forward's ranges and the output's shape, also
-    the ranges and mask bounds of the rewritten statement."""
-    solved = solve(eq)
-    work, rng, bounds = eq, ranges, {}
-    if solved is not None:
-        work = solved.equation
-        if ranges is not None:
-            rng, bounds = solved_ranges(solved, ranges, out_shape)
-    snapshot = reads_output_elsewhere(work)
-    if snapshot:
-        work = replace(work, rhs=rename_reads(work.rhs, eq.output, "_old_" + eq.output))
-    return Lowered(work, rng, bounds, solved, snapshot)
+    the ranges and mask bounds of the rewritten statement.  `static`, the result of
+    `lower(eq)`, skips the symbolic part (it depends on the statement alone)."""
+    if static is None:
+        solved = solve(eq)
+        work = solved.equation if solved is not None else eq
+        snapshot = reads_output_elsewhere(work)
+        if snapshot:
+            work = replace(work, rhs=rename_reads(work.rhs, eq.output, "_old_" + eq.output))
+        static = Lowered(work, None, {}, solved, snapshot)
+    if ranges is None or static.solved is None:
+        return replace(static, ranges=ranges)
+    rng, bounds = solved_ranges(static.solved, ranges, out_shape)
+    return replace(static, ranges=rng, bound_params=bounds)

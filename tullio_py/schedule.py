@@ -22,7 +22,7 @@ CHUNKS = 16      # blocks of a split reduction or scatter: fixed, so results do 
                  # the thread count
 SHORT = 16       # a parallel loop shorter than this is fused with the next safe loop
 MIN_INNER = 4    # shorter loops are not worth running innermost
-LANES = 8        # independent accumulators of a (max)/(min) over a contiguous loop
+LANES = 8        # independent accumulators of a (max)/(min)/(+) over a contiguous loop
 
 
 @dataclass(frozen=True)
@@ -376,8 +376,10 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
                 chunked = max(order, key=lambda n: len(ranges[n]))
                 partial = "array"
     lanes = 0
-    if (form == "scalar" and not scatter and eq.reducer in ("max", "min") and red
-            and order[-1] == best and best in red and np.dtype(out_dtype).kind in "fiu"):
+    kind = np.dtype(out_dtype).kind
+    if (form == "scalar" and not scatter and red and order[-1] == best and best in red
+            and ((eq.reducer in ("max", "min") and kind in "fiu")
+                 or (eq.reducer == "+" and kind == "f"))):
         lanes = LANES
     loops = tuple(Loop(n, n == parallel, n not in eq.lhs_indices) for n in order)
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
