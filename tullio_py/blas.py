@@ -30,6 +30,7 @@ class Contraction:
     operands: tuple[str, ...]   # array names in operand order
     scale: tuple                # Param names and constants multiplying the product
     indices: tuple[str, ...]    # every index (the work is the product of their extents)
+    tensordot: tuple | None = None   # (axes, permutation): two operands without a batch index
 
 
 def _factors(e) -> list:
@@ -71,7 +72,24 @@ def contraction(eq: Equation) -> Contraction | None:
             return None
     spec = (",".join("".join(letters[s.names[0]] for s in a.indices) for a in reads)
             + "->" + "".join(letters[n] for n in left))
-    return Contraction(spec, tuple(a.array for a in reads), tuple(scale), eq.indices)
+    return Contraction(spec, tuple(a.array for a in reads), tuple(scale), eq.indices,
+                       _tensordot(reads, left))
+
+
+def _tensordot(reads, left):
+    """np.tensordot's axes and the permutation to the left-hand order, when the product is one
+    matrix multiplication (tensordot returns BLAS's result without einsum's extra copy)."""
+    if len(reads) != 2:
+        return None
+    a, b = ([s.names[0] for s in r.indices] for r in reads)
+    if len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None
+    shared = [n for n in a if n in b]
+    free = [n for n in a if n not in b] + [n for n in b if n not in a]
+    if any(n in left for n in shared) or sorted(free) != sorted(left):
+        return None
+    axes = ([a.index(n) for n in shared], [b.index(n) for n in shared])
+    return axes, tuple(free.index(n) for n in left)
 
 
 def worth(c: Contraction, ranges: dict, arrays: dict) -> bool:
@@ -84,12 +102,16 @@ def worth(c: Contraction, ranges: dict, arrays: dict) -> bool:
 
 def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
     """Evaluate the contraction with numpy; returns the new array (`:=`) or the updated `out`."""
-    res = np.einsum(c.spec, *[arrays[n] for n in c.operands], optimize=True)
+    if c.tensordot is not None:
+        axes, perm = c.tensordot
+        res = np.tensordot(arrays[c.operands[0]], arrays[c.operands[1]], axes=axes)
+        res = res.transpose(perm) if perm != tuple(range(len(perm))) else res
+    else:
+        res = np.einsum(c.spec, *[arrays[n] for n in c.operands], optimize=True)
     for s in c.scale:
         res = res * (arrays[s] if isinstance(s, str) else s)
     if eq.assign == ":=":
-        return np.asarray(res, dtype=dtype).copy() if np.ndim(res) == 0 else \
-            np.ascontiguousarray(res, dtype=dtype)
+        return np.array(res, dtype=dtype) if np.ndim(res) == 0 else np.asarray(res, dtype=dtype)
     if eq.assign == "=":
         out[...] = res
     elif eq.assign == "+=":
