@@ -35,8 +35,7 @@ class CallCache:
         self.names = tuple(([eq.output] if self.in_place else []) + list(eq.arrays)
                            + list(eq.params))
         self.gathers = tuple(dict.fromkeys(g.array for g in eq.gathers()))
-        self.threads = threads if isinstance(threads, int) and not isinstance(threads, bool) \
-            else None
+        self.threads = threads
         self.entries: dict = {}
         self.key = self._key_function()
         self.call = self._call_function()
@@ -121,16 +120,17 @@ class CallCache:
             body.append("    _out = _empty(_shape, _dtype)")
         body.append("    _k._last = _prepared")
         call = f"_fn({', '.join(code)})"
-        if prepared.source.parallel and self.threads is not None:
+        from . import jit, schedule
+        n = schedule.thread_count(self.threads, jit.max_threads())
+        if prepared.source.parallel and n is not None:
             body += ["    _set(_n)", "    try:", f"        {call}", "    finally:",
                      "        _set(None)"]
         else:
             body.append(f"    {call}")
         body.append("    return _out")
-        from . import jit
         ns = {"_full": np.full, "_empty": np.empty, "_shape": out.shape, "_dtype": out.dtype,
               "_pad": kernel.pad, "_k": kernel, "_prepared": prepared, "_fn": prepared.fn,
-              "_set": jit.set_threads, "_n": self.threads and min(self.threads, jit.max_threads()),
+              "_set": jit.set_threads, "_n": n,
               **consts}
         exec("\n".join(body), ns)
         if len(self.entries) >= _MAX_ENTRIES:

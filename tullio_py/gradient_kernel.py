@@ -29,9 +29,9 @@ def _run(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
     """Call Kernel k with the given index ranges (no range inference) into `out`."""
     prepared, call_ranges, extra = k._prepare(arrays, rng, out.dtype, out.shape)
     args = k._arguments(prepared, {**arrays, **params}, out, call_ranges, extra)
-    threads = k.threads
-    if prepared.source.parallel and isinstance(threads, int) and not isinstance(threads, bool):
-        jit.set_threads(min(threads, jit.max_threads()))
+    n = schedule.thread_count(k.threads, jit.max_threads())
+    if prepared.source.parallel and n is not None:
+        jit.set_threads(n)
         try:
             prepared.fn(*args)
         finally:

@@ -286,8 +286,9 @@ class Kernel:
             dtype = out.dtype
         prepared, call_ranges, extra_params = self._prepare(arrays, rng, dtype, out.shape)
         args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
-        if prepared.source.parallel and isinstance(self.threads, int) and not isinstance(self.threads, bool):
-            jit.set_threads(min(self.threads, jit.max_threads()))
+        n = schedule.thread_count(self.threads, jit.max_threads())
+        if prepared.source.parallel and n is not None:
+            jit.set_threads(n)
             try:
                 prepared.fn(*args)
             finally:
@@ -329,7 +330,7 @@ class Kernel:
                 if n == eq.output and eq.assign != ":=":
                     layouts["_old_" + n], sizes["_old_" + n] = layouts[n], sizes[n]
             plan = schedule.plan(work_eq, call_ranges, dtype.name,
-                                 threads=self.threads if parallel else False,
+                                 threads=parallel,
                                  pad_value=self.pad, fastmath=self.fastmath,
                                  layouts=layouts, sizes=sizes)
             source = codegen.render(plan)

@@ -253,16 +253,23 @@ def body_cost(eq: Equation) -> int:
 
 
 def threading(eq: Equation, ranges: dict[str, range], threads, max_threads: int) -> bool:
-    """Whether a call with these ranges runs on threads: asked for, more than one thread
-    available, and enough work (iterations x body cost) to pay for starting them."""
-    if threads is False or threads is True and max_threads < 2:
-        return False
-    if not isinstance(threads, bool) and threads < 2:
-        return False
+    """Whether a call with these ranges compiles a parallel loop: enough work (iterations x
+    body cost) to pay for starting threads.  `threads=False` or `threads=1` still get the
+    parallel loop, run on one thread (numba vectorises the outlined parallel body better than
+    the same loop compiled serially: 2.3 vs 4.5 ms on the local convolution)."""
     work = body_cost(eq)
     for n in eq.indices:
         work *= max(len(ranges[n]), 1)
     return work >= PARALLEL_WORK_THRESHOLD
+
+
+def thread_count(threads, max_threads: int) -> int | None:
+    """Threads a parallel kernel runs on: None for all, else the number asked for."""
+    if threads is True:
+        return None
+    if threads is False:
+        return 1
+    return min(int(threads), max_threads)
 
 
 def _strides(eq: Equation, ranges, layouts: dict | None, sizes: dict | None) -> dict:
