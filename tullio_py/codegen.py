@@ -203,6 +203,8 @@ class _Render:
         lines.append(f"_pad = _T({plan.pad_value!r})")
         lines.append(f"def {name}({', '.join(args)}):")
         self.body, self.depth, self.opened = [], 1, []
+        for v, start, stop in plan.fixed:       # constants the compiler can unroll with
+            self.emit(f"_start_{v} = {start}\n_stop_{v} = {stop}")
         # Indices used bare in some array position start at >= 0 (range inference): saying so
         # lets the compiler drop negative-index wraparound in the loops over them.
         bare = {s.names[0] for a in [eq.lhs] + eq.accesses() for s in a.indices

@@ -317,22 +317,21 @@ class Kernel:
         solved, snapshot = low.solved, low.snapshot
         parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
-        key = (self._lowered_text, dtype.str, target, parallel,
+        # Memory layout of every array (loop order follows it), and sizes (which matter).
+        layouts = {n: _dims_by_stride(a) for n, a in arrays.items() if isinstance(a, np.ndarray)}
+        sizes = {n: a.size for n, a in arrays.items() if isinstance(a, np.ndarray)}
+        sizes[eq.output] = int(np.prod(out_shape))
+        for n in list(layouts):
+            if n == eq.output and eq.assign != ":=":
+                layouts["_old_" + n], sizes["_old_" + n] = layouts[n], sizes[n]
+        plan = schedule.plan(work_eq, call_ranges, dtype.name, threads=parallel,
+                             pad_value=self.pad, fastmath=self.fastmath,
+                             layouts=layouts, sizes=sizes)
+        key = (self._lowered_text, dtype.str, target, parallel, plan.loops, plan.fixed,
                tuple((n, a.dtype.str, a.ndim, _layout(a)) if isinstance(a, np.ndarray)
                      else (n, type(a).__name__) for n, a in sorted(arrays.items())))
         prepared = self._prepared.get(key)
         if prepared is None:
-            # Memory layout of every array (loop order follows it), and sizes (which matter).
-            layouts = {n: _dims_by_stride(a) for n, a in arrays.items() if isinstance(a, np.ndarray)}
-            sizes = {n: a.size for n, a in arrays.items() if isinstance(a, np.ndarray)}
-            sizes[eq.output] = int(np.prod(out_shape))
-            for n in list(layouts):
-                if n == eq.output and eq.assign != ":=":
-                    layouts["_old_" + n], sizes["_old_" + n] = layouts[n], sizes[n]
-            plan = schedule.plan(work_eq, call_ranges, dtype.name,
-                                 threads=parallel,
-                                 pad_value=self.pad, fastmath=self.fastmath,
-                                 layouts=layouts, sizes=sizes)
             source = codegen.render(plan)
             if self.verbose >= 2:
                 print(source.text)

@@ -22,6 +22,7 @@ CHUNKS = 16      # blocks of a split reduction or scatter: fixed, so results do 
                  # the thread count
 SHORT = 16       # a parallel loop shorter than this is fused with the next safe loop
 MIN_INNER = 4    # shorter loops are not worth running innermost
+SHORT_LOOP = 32  # an innermost loop this short gets constant bounds in large kernels
 LANES = 8        # independent accumulators of a (max)/(min)/(+) over a contiguous loop
 
 
@@ -102,6 +103,8 @@ class Plan:
     partial: str | None = None    # "scalar" / "array": per-chunk partial results, combined after
     collapse: tuple = ()          # two outer safe loops fused into one prange loop
     lanes: int = 0                # lane-split accumulators on the innermost (contiguous) loop
+    fixed: tuple = ()             # (index, start, stop): a short innermost loop's bounds, baked
+                                  # in as constants so the compiler unrolls and vectorises it
 
 
 def top_factors(e) -> list:
@@ -389,6 +392,15 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
                  or (eq.reducer == "+" and kind == "f"))):
         lanes = LANES
     loops = tuple(Loop(n, n == parallel, n not in eq.lhs_indices) for n in order)
+    fixed = ()
+    inner = order[-1] if order else None
+    if (inner is not None and threads is not False and form == "scalar" and inner in red
+            and len(ranges[inner]) <= SHORT_LOOP and inner != chunked and inner not in collapse):
+        # A short innermost reduction loop with constant bounds: the compiler unrolls it
+        # (local convolution dW: 2.9 ms instead of 4.3 ms; one compile per distinct short
+        # extent, large kernels only).  Row-form loops got slower with it (0.9 -> 1.9 ms).
+        fixed = ((inner, ranges[inner].start, ranges[inner].stop),)
+        lanes = 0
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
-                lanes=lanes)
+                lanes=lanes, fixed=fixed)
