@@ -4,16 +4,18 @@ used (`tullio_py.nn.LocallyConnected2d`), not by `import tullio_py.nn`.
 LocallyConnected2d is a convolution whose weights differ at every output position (no weight
 sharing), "valid" (no padding), stride 1:
 
-    out[b, c2, s, t] := x[b, c1, s+i, t+j] * W[c1, i, j, c2, s, t]      (+ bias[c2, s, t])
+    out[s, t, c2, b] := x[s+i, t+j, c1, b] * W[c1, i, j, c2, s, t]      (+ bias[c2, s, t])
 
-Weight layout W[c1, i, j, c2, s, t]: the output position (s, t) comes last so that the
-generated loops, which run the contiguous index t innermost, stream through the rows of x, W
-and out together in the forward and in both gradients (dW[c1,i,j,c2,s,t] += dout[b,c2,s,t] *
-x[b,c1,s+i,t+j] and dx[b,c1,p,q] += dout[b,c2,p-i,q-j] * W[c1,i,j,c2,p-i,q-j]).  Of the layouts
-timed on the forward (batch 16, 8->16 channels, 32x32, 3x3, float32, 2 threads), W[c1,i,j,c2,s,t]
-and W[s,t,c2,c1,i,j] were fastest; W[c2,c1,i,j,s,t] was 1.8x slower.  Reshaped to
-(c1*kh*kw, c2, oh*ow) it is exactly the operand of the `unfold` + einsum formulation
-("bkl,kol->bol"), which makes weights easy to move between the two.
+The layer takes and returns torch's (batch, channels, H, W) tensors; inside, the input is
+copied once to (H, W, channels, batch) so that the batch index runs innermost and contiguous in
+the forward and in both gradients, with the weight read hoisted out of that loop.  On batch 16,
+8->16 channels, 32x32, 3x3, float32, 2 threads this took the forward from 5.7 to 2.1 ms and the
+gradients from 19 to 7 ms, against the batch-outermost form
+out[b,c2,s,t] := x[b,c1,s+i,t+j] * W[c1,i,j,c2,s,t] (the copy costs ~0.05 ms).
+
+Weight layout W[c1, i, j, c2, s, t]: reshaped to (c1*kh*kw, c2, oh*ow) it is exactly the
+operand of the `unfold` + einsum formulation ("bkl,kol->bol"), which makes weights easy to
+move between the two.
 
 Initialisation follows torch's Conv2d: kaiming_uniform_(a=sqrt(5)) with fan_in = c1*kh*kw,
 i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-EXPRESSION = "out[b,c2,s,t] := x[b,c1,s+i,t+j] * W[c1,i,j,c2,s,t]"
+EXPRESSION = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[c1,i,j,c2,s,t]"
 _CLASSES: dict = {}
 
 
@@ -76,8 +78,9 @@ def _build():
             if tuple(x.shape[-2:]) != self.in_size or x.shape[-3] != self.in_channels:
                 raise ValueError(f"expected input (batch, {self.in_channels}, "
                                  f"{self.in_size[0]}, {self.in_size[1]}), got {tuple(x.shape)}")
-            out = self._kernel(x=x, W=self.weight)
-            return out if self.bias is None else out + self.bias
+            xs = x.permute(2, 3, 1, 0).contiguous()            # (H, W, C, batch)
+            out = self._kernel(x=xs, W=self.weight).permute(3, 2, 0, 1)   # (batch, C2, S, T)
+            return out.contiguous() if self.bias is None else out + self.bias
 
         def extra_repr(self):
             return (f"{self.in_channels}, {self.out_channels}, in_size={self.in_size}, "

@@ -261,7 +261,10 @@ class _Apply(torch.autograd.Function):
         needs = {n for n, want in zip(spec.tensors, ctx.needs_input_grad[2:])
                  if want and n in spec.diff}
         with torch.no_grad():
-            grads = run_backward(spec, ctx.others, values, ctx.shapes, gout, out, needs)
+            # The output was made C-ordered and the gradient loops are planned for that order;
+            # a cotangent arriving through a permute would otherwise be read with strides.
+            grads = run_backward(spec, ctx.others, values, ctx.shapes, gout.contiguous(), out,
+                                 needs)
         if torch.is_grad_enabled():         # create_graph=True: make second order fail loudly
             grads = _no_second_order(spec, grads, [gout, *saved])
         return (None, None, *grads)
