@@ -316,7 +316,6 @@ class _Render:
         del self.opened[count:]
 
     def open_range(self, ks, hoist=True):
-        k = ks[0] if ks else None
         i = 0
         ks = list(ks)
         while i < len(ks):
@@ -469,7 +468,7 @@ class _Render:
         ident = identity_code(red, self.dtype)
         lhs = self.access(eq.lhs)
         if assign in (":=", "="):
-            chunked, plan_loops = plan.chunked, plan.loops
+            chunked = plan.chunked
             if chunked:          # the initialisation runs serially over plain loops
                 self.plan = replace_plan(plan, chunked=None)
             self.open_range(range(n), hoist=False)

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import GradientError
-from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue, Param,
-                 Unary, Wrapped, walk)
+from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, IndexValue, Param, Unary,
+                 Wrapped, walk)
 
 # f'(acc) written through out = f(acc), for finalisers that can be inverted.
 _FINAL_VIA_OUT = {

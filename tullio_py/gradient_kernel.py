@@ -21,24 +21,12 @@ import numpy as np
 
 from . import grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
 from .errors import GradientError, RangeError, SummationWarning
-from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Param, Unary, Wrapped,
-                 map_expr)
+from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)
 
 
 def _run(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
     """Call Kernel k with the given index ranges (no range inference) into `out`."""
-    prepared, call_ranges, extra = k._prepare(arrays, rng, out.dtype, out.shape)
-    args = k._arguments(prepared, {**arrays, **params}, out, call_ranges, extra)
-    n = schedule.thread_count(k.threads, jit.max_threads())
-    if prepared.source.parallel and n is not None:
-        jit.set_threads(n)
-        try:
-            prepared.fn(*args)
-        finally:
-            jit.set_threads(None)
-    else:
-        prepared.fn(*args)
-    return prepared, call_ranges, extra
+    return k.run_with_ranges(arrays, rng, out, params)
 
 
 def _value_only_indices(eq: Equation) -> list[str]:

@@ -16,8 +16,8 @@ from . import blas as _blas
 from . import callpath, codegen, jit, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
-from .ir import (FLOAT_FUNCS, Access, Binary, Call, Equation, Gather, IndexValue, Param, Unary,
-                 Wrapped, walk)
+from .ir import (FLOAT_FUNCS, Access, Binary, Call, Equation, Gather, IndexValue, Unary, Wrapped,
+                 walk)
 from .parse import parse
 from . import tape as _tape
 
@@ -286,6 +286,22 @@ class Kernel:
             dtype = out.dtype
         prepared, call_ranges, extra_params = self._prepare(arrays, rng, dtype, out.shape)
         args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
+        self._launch(prepared, args)
+        self._last = prepared
+        self._calls.remember(self, given, arrays, prepared, args, out,
+                             eq.assign == ":=" and self._needs_fill())
+        return out
+
+    def run_with_ranges(self, arrays: dict, rng: dict, out: np.ndarray, params: dict):
+        """Run into `out` with the given index ranges (no range inference): gradients iterate
+        exactly the forward's ranges.  Returns (prepared, ranges, bound parameters)."""
+        prepared, call_ranges, extra = self._prepare(arrays, rng, out.dtype, out.shape)
+        self._launch(prepared, self._arguments(prepared, {**arrays, **params}, out,
+                                               call_ranges, extra))
+        return prepared, call_ranges, extra
+
+    def _launch(self, prepared, args):
+        """Call the compiled function on the thread count the `threads` option asks for."""
         n = schedule.thread_count(self.threads, jit.max_threads())
         if prepared.source.parallel and n is not None:
             jit.set_threads(n)
@@ -295,10 +311,6 @@ class Kernel:
                 jit.set_threads(None)
         else:
             prepared.fn(*args)
-        self._last = prepared
-        self._calls.remember(self, given, arrays, prepared, args, out,
-                             eq.assign == ":=" and self._needs_fill())
-        return out
 
     def _needs_fill(self) -> bool:
         eq = self.equation

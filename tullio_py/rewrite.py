@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue,
-                 Param, Unary, Wrapped, map_expr, rename_reads)
+from .ir import (Access, Affine, Binary, Compare, Const, Equation, Gather, IndexValue, Param,
+                 Unary, Wrapped, map_expr, rename_reads)
 
 
 @dataclass(frozen=True)
