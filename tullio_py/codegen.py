@@ -27,7 +27,7 @@ class Source:
     name: str            # its name
     args: tuple[str, ...]  # positional arguments, in order
     parallel: bool
-    fastmath: bool
+    fastmath: object     # True, False, or a tuple of LLVM fast-math flags
 
 
 def identity_code(reducer: str, dtype: np.dtype) -> str:
@@ -221,9 +221,15 @@ class _Render:
         lines += ["    " * d + s for d, s in self.body]
         if not self.body:
             lines.append("    pass")
+        # A float sum may be reassociated and contracted (LLVM's reassoc, nsz and contract
+        # flags; no NaN/inf assumptions), so the compiler can vectorise the reduction.  The order
+        # is still fixed by the compiled code, the same for every thread count.  dW of the
+        # local convolution: 2.7 -> 2.1 ms.  `fastmath=True` turns on every flag.
+        fastmath = plan.fastmath or (("contract", "nsz", "reassoc") if eq.reducer == "+" and
+                                     self.dtype.kind in "fc" else False)
         return Source("\n".join(lines) + "\n", name, args,
                       any(l.parallel for l in plan.loops) or plan.chunked is not None,
-                      plan.fastmath)
+                      fastmath)
 
     # ------------------------------------------------------------ emission helpers
     def emit(self, code: str):

@@ -61,7 +61,8 @@ def load(source: Source, target: str, signature: str = ""):
         else:
             namespace = {"__name__": "tullio_py_generated"}
             exec(compile(text, "<tullio_py kernel>", "exec"), namespace)
-        fn = numba.njit(parallel=source.parallel, fastmath=source.fastmath,
+        flags = set(source.fastmath) if isinstance(source.fastmath, tuple) else source.fastmath
+        fn = numba.njit(parallel=source.parallel, fastmath=flags,
                         cache=module is not None, **_NUMBA_OPTIONS)(namespace[source.name])
         _LOADED[text] = fn
     return fn
