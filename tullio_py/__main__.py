@@ -18,9 +18,14 @@ def show(expr: str, grad: bool, target: str) -> int:
           f"reduced {', '.join(eq.reduction_indices) or '(none)'}")
     if grad:
         print("\ngradient equations:")
-        for name, eqs in k.gradient_equations.items():
-            for line in eqs:
-                print(f"  {line}")
+        lines = [line for eqs in k.gradient_equations.values() for line in eqs]
+        for line in lines:
+            print(f"  {line}")
+        import re
+        bounds = sorted(set(re.findall(r"\b(?:lo|hi)_\w+", " ".join(lines))))
+        if bounds:
+            print(f"  ({', '.join(bounds)}: the forward's range of that index, which depends on "
+                  "the array shapes; after a call, kernel.gradient_equations shows the numbers)")
     print(f"\n{target} code:\n")
     print(k.source(target=target))
     if grad:
