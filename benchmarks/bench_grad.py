@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from hand_kernels import hand_kernels
+
 S, C1, C2, B, K = 32, 8, 16, 16, 3
 SO = S - K + 1
 EXPR = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]"
@@ -27,52 +29,8 @@ def median_time(f, repeat=30, warm=3):
 
 def numba_reference():
     import numba as nb
-    from numba import njit, prange
     nb.set_num_threads(2)
-
-    @njit(parallel=True, fastmath=True)
-    def lc_fwd(x, W, out):
-        SO, TO, C2, B = out.shape
-        C1 = x.shape[2]
-        for s in prange(SO):
-            for t in range(TO):
-                for d in range(C2):
-                    for b in range(B):
-                        out[s, t, d, b] = 0.0
-                for i in range(3):
-                    for j in range(3):
-                        for c in range(C1):
-                            for d in range(C2):
-                                w = W[s + i, t + j, i, j, c, d]
-                                for b in range(B):
-                                    out[s, t, d, b] += x[s + i, t + j, c, b] * w
-
-    @njit(parallel=True, fastmath=True)
-    def lc_grad(x, W, g, dx, dW):
-        S, T, C1, B = x.shape
-        SO, TO, C2, _ = g.shape
-        for p in prange(S):                      # race-free gather form of both adjoints
-            for q in range(T):
-                for c in range(C1):
-                    for b in range(B):
-                        dx[p, q, c, b] = 0.0
-                for i in range(3):
-                    for j in range(3):
-                        s = p - i
-                        t = q - j
-                        inside = 0 <= s < SO and 0 <= t < TO
-                        for c in range(C1):
-                            for d in range(C2):
-                                if inside:
-                                    w = W[p, q, i, j, c, d]
-                                    acc = np.float32(0.0)
-                                    for b in range(B):
-                                        gb = g[s, t, d, b]
-                                        dx[p, q, c, b] += gb * w
-                                        acc += gb * x[p, q, c, b]
-                                    dW[p, q, i, j, c, d] = acc
-                                else:
-                                    dW[p, q, i, j, c, d] = 0.0
+    _, lc_fwd, lc_grad, _, _ = hand_kernels()
     return lc_fwd, lc_grad
 
 
