@@ -293,3 +293,25 @@ def test_errors_do_not_leak_internal_exceptions():
     for text, kw in bad:
         with pytest.raises(TullioError):
             tullio(text, **kw)
+
+
+# ----------------------------------------------------------------------------- dtypes the loops cannot take
+@pytest.mark.parametrize("x,fragment", [
+    (np.ones(3, np.float16), "float16"),
+    (np.ones(3, ">f8"), "byte order"),
+])
+def test_unsupported_dtypes_are_argument_errors(x, fragment):
+    from tullio_py import tullio
+    with pytest.raises(ArgumentError, match=fragment) as excinfo:
+        tullio("y[i] := x[i] * 2", x=x)
+    assert caret_offset(str(excinfo.value), "y[i] := x[i] * 2") == 8
+
+
+def test_max_of_complex_is_an_argument_error_and_real_output_works():
+    from tullio_py import tullio
+    z = np.array([1 + 1j, 3 + 0j, -2j])
+    with pytest.raises(ArgumentError, match="real values"):
+        tullio("(max) m := z[i]", z=z)
+    m = np.zeros(())
+    tullio("(max) m = abs(z[i])", z=z, m=m)
+    assert m == 3.0

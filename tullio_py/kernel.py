@@ -208,6 +208,14 @@ class Kernel:
             if a.dtype.kind not in "biufc":
                 raise ArgumentError(f"'{acc.array}' has dtype {a.dtype}: tullio_py needs numbers",
                                     eq.text, acc.span)
+            if a.dtype == np.float16:
+                raise ArgumentError(f"'{acc.array}' is float16, which the compiled loops do not "
+                                    "support", eq.text, acc.span,
+                                    f"pass {acc.array}.astype(np.float32)")
+            if not a.dtype.isnative:
+                raise ArgumentError(f"'{acc.array}' has non-native byte order ({a.dtype.str})",
+                                    eq.text, acc.span,
+                                    f"pass {acc.array}.astype({acc.array}.dtype.newbyteorder('='))")
         for g in eq.gathers():
             J = arrays[g.array]
             if J.ndim != len(g.indices):
@@ -284,6 +292,11 @@ class Kernel:
         else:
             out = arrays[eq.output]
             dtype = out.dtype
+        if eq.reducer in ("max", "min") and dtype.kind == "c":
+            raise ArgumentError(f"a ({eq.reducer}) reduction needs real values, but the result "
+                                f"type is {dtype} (numpy's result type of the arrays read)",
+                                eq.text, eq.lhs.span,
+                                "write into an existing real array with '=' (e.g. of abs(...))")
         prepared, call_ranges, extra_params = self._prepare(arrays, rng, dtype, out.shape)
         args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
         self._launch(prepared, args)
