@@ -254,3 +254,27 @@ def test_gradient_threaded_equals_serial():
     f = lambda xx: kp(x=xx, W=W)  # noqa: E731
     fd = np.sum(d * (f(x + eps * dx) - f(x - eps * dx))) / (2 * eps)
     assert abs(fd - np.sum(gp["x"] * dx)) < 1e-6 * max(1, abs(fd))
+
+
+# ----------------------------------------------------------------------------- cache blocking
+@pytest.mark.parametrize("expr,assign", [
+    ("C[i,k] := A[i,j] * B[j,k]", ":="),
+    ("C[i,k] = A[i,j] * B[j,k] * (j <= i + 100)", "="),
+    ("C[i,k] -= 2.0 * A[i,j] * B[j,k]", "-="),
+])
+def test_blocked_reduction_matches_numpy(expr, assign):
+    rng = np.random.default_rng(7)
+    A, B = rng.standard_normal((40, 600)), rng.standard_normal((600, 300))
+    C0 = rng.standard_normal((40, 300))
+    k = kernel(expr, blas=False)
+    arrays = dict(A=A, B=B) if assign == ":=" else dict(A=A, B=B, C=C0.copy())
+    got = k(**arrays)
+    assert k._last.plan.block, k.forward_code          # the blocked form is the one tested
+    if assign == ":=":
+        want = A @ B
+    elif assign == "=":
+        mask = np.arange(600)[None, :] <= np.arange(40)[:, None] + 100
+        want = (A * mask) @ B
+    else:
+        want = C0 - 2.0 * A @ B
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)

@@ -299,6 +299,8 @@ class _Render:
                 self.emit_hoists(1)
             return
         base = ("_clo", "_chi") if plan.chunked == loop.index else None
+        if plan.block and plan.block[0] == loop.index:
+            base = ("_jb", f"min(_jb + {plan.block[1]}, _stop_{loop.index})")
         if k == len(plan.loops) - 1 and not loop.parallel:
             # Innermost loop counted from 0: with a start known to be >= 0 the compiler drops
             # negative-index wraparound and vectorises the loop.
@@ -442,6 +444,22 @@ class _Render:
             self.open_chunks()
         if not direct and (plan.chunked or nleft == 0):
             self.emit(alloc)
+        if plan.block and direct:
+            # Cache blocking: fill the output once, then for each block of the first reduction
+            # loop run every output row over that block (a parallel loop per block).
+            if assign in (":=", "="):
+                self.open_range(range(nleft), hoist=False)
+                self.open(n - 1, hoist=False)
+                self.emit(f"{lhs} = {ident}")
+                self.close_to(1, 0)
+            v, size = plan.block
+            self.emit(f"for _jb in range(_start_{v}, _stop_{v}, {size}):")
+            self.depth += 1
+            self.open_range(range(nleft))
+            self.open_range(range(nleft, n))
+            value = self.rhs_without_guards()
+            self.emit(f"{lhs} -= {value}" if assign == "-=" else self.combine(lhs, value))
+            return
         for i, k in enumerate(range(nleft)):
             if self.plan.collapse and k == 1:
                 continue

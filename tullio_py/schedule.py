@@ -22,6 +22,8 @@ CHUNKS = 16      # blocks of a split reduction or scatter: fixed, so results do 
                  # the thread count
 SHORT = 16       # a parallel loop shorter than this is fused with the next safe loop
 MIN_INNER = 4    # shorter loops are not worth running innermost
+BLOCK = 128                 # rows of a reduction block (row form)
+BLOCK_MIN_BYTES = 1 << 19   # block only when the streamed arrays exceed this (about L2 / 2)
 SHORT_LOOP = 32  # an innermost loop this short gets constant bounds in large kernels
 LANES = 8        # independent accumulators of a (max)/(min)/(+) over a contiguous loop
 
@@ -103,6 +105,9 @@ class Plan:
     partial: str | None = None    # "scalar" / "array": per-chunk partial results, combined after
     collapse: tuple = ()          # two outer safe loops fused into one prange loop
     lanes: int = 0                # lane-split accumulators on the innermost (contiguous) loop
+    block: tuple = ()             # (index, size): row form, that reduction loop runs in blocks
+                                  # (outermost, serial) so its rows of the streamed array stay
+                                  # in cache across all rows of the output
     fixed: tuple = ()             # (index, start, stop): a short innermost loop's bounds, baked
                                   # in as constants so the compiler unrolls and vectorises it
 
@@ -401,6 +406,31 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # extent, large kernels only).  Row-form loops got slower with it (0.9 -> 1.9 ms).
         fixed = ((inner, ranges[inner].start, ranges[inner].stop),)
         lanes = 0
+    block = ()
+    if form == "row" and threads is not False and not chunked and not collapse:
+        block = _reduction_block(eq, order, ranges, sizes or {})
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
-                lanes=lanes, fixed=fixed)
+                lanes=lanes, fixed=fixed, block=block)
+
+
+def _reduction_block(eq: Equation, order: list, ranges: dict, sizes: dict) -> tuple:
+    """Cache blocking for the row form: when the array streamed along the first reduction loop
+    and the row is larger than the cache, run that loop in blocks of BLOCK outside the output
+    loops, so each block of rows is read once per thread instead of once per output row.
+    Measured on a 512 float32 matmul with blas=False: 3.4 -> 2.8 ms by hand."""
+    red = [n for n in order[:-1] if n not in eq.lhs_indices]
+    row = order[-1]
+    if not red or eq.finaliser or eq.reducer != "+" or eq.assign == "*=":
+        return ()
+    if any(a.array == eq.output for a in eq.accesses()):
+        return ()
+    first = red[0]
+    if len(ranges[first]) < 2 * BLOCK:
+        return ()
+    streamed = [a.array for a in eq.accesses()
+                if first in {n for s in a.indices for n in s.names}
+                and row in {n for s in a.indices for n in s.names}]
+    if sum(sizes.get(a, 0) for a in streamed) * 4 < BLOCK_MIN_BYTES:   # elements x 4 bytes
+        return ()
+    return (first, BLOCK)
