@@ -332,21 +332,16 @@ def _sympy():
         nargs = 1
         _eval_derivative = chain(lambda f, a, da: sp.exp(a) * da)
 
-    class Max2(sp.Function):     # ties: the first argument gets the gradient
-        nargs = 2
-
+    def choose(name: str, cmp: int):
+        """max/min of two values: the gradient goes through the chosen argument (ties: the
+        first); `cmp` is the comparison code that selects the first argument."""
         def _eval_derivative(self, s):
             a, b = self.args
             da, db = sp.diff(a, s), sp.diff(b, s)
-            return sp.S.Zero if da == 0 and db == 0 else Where(Cmp(3, a, b), da, db)
+            return sp.S.Zero if da == 0 and db == 0 else Where(Cmp(cmp, a, b), da, db)
+        return type(name, (sp.Function,), {"nargs": 2, "_eval_derivative": _eval_derivative})
 
-    class Min2(sp.Function):
-        nargs = 2
-
-        def _eval_derivative(self, s):
-            a, b = self.args
-            da, db = sp.diff(a, s), sp.diff(b, s)
-            return sp.S.Zero if da == 0 and db == 0 else Where(Cmp(2, a, b), da, db)
+    Max2, Min2 = choose("Max2", 3), choose("Min2", 2)
 
     class ConjParam(sp.Function):
         nargs = 1

@@ -6,6 +6,7 @@ the ranges (a few integer operations), allocate, call the compiled function posi
 """
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ from . import blas as _blas
 from . import callpath, codegen, jit, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
-from .ir import (FLOAT_FUNCS, Access, Binary, Call, Equation, Gather, IndexValue, Unary, Wrapped,
-                 walk)
+from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, IndexValue,
+                 Unary, walk)
 from .parse import parse
 from . import tape as _tape
 
@@ -28,21 +29,28 @@ _KERNELS: dict = {}
 
 
 # ----------------------------------------------------------------------------- helpers
-def result_dtype(eq: Equation, arrays: dict) -> np.dtype:
-    """numpy's result_type of the arrays read (not index arrays), with scalars weak; float when
-    the right side divides or calls a float function on integers."""
-    gathered = {g.array for g in eq.gathers()}
-    read = [a.array for a in eq.accesses()]
-    dts = [arrays[n].dtype for n in dict.fromkeys(read) if n not in gathered or n in read]
-    weak = [arrays[p] for p in eq.params]
-    weak += [n.value for n in walk(eq.rhs) if n.__class__.__name__ == "Const"]
-    if dts:
-        dt = np.result_type(*dts, *[_weak(w) for w in weak])
-    else:
-        dt = np.result_type(np.int64, *[_weak(w) for w in weak]) if weak else np.dtype(np.int64)
+@functools.lru_cache(maxsize=1024)
+def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool]:
+    """What the result type depends on, from the statement alone: the arrays read (not index
+    arrays), the constants, and whether a division or float function makes integers float."""
+    read = tuple(dict.fromkeys(a.array for a in eq.accesses()))
+    consts = tuple(n.value for n in walk(eq.rhs) if isinstance(n, Const))
     floaty = eq.finaliser in FLOAT_FUNCS or any(
         (isinstance(n, Binary) and n.op == "/") or (isinstance(n, Call) and n.func in FLOAT_FUNCS)
         for n in walk(eq.rhs))
+    return read, consts, floaty
+
+
+def result_dtype(eq: Equation, arrays: dict) -> np.dtype:
+    """numpy's result_type of the arrays read (not index arrays), with scalars weak; float when
+    the right side divides or calls a float function on integers."""
+    read, consts, floaty = _dtype_inputs(eq)
+    dts = [arrays[n].dtype for n in read]
+    weak = [_weak(arrays[p]) for p in eq.params] + [_weak(c) for c in consts]
+    if dts:
+        dt = np.result_type(*dts, *weak)
+    else:
+        dt = np.result_type(np.int64, *weak) if weak else np.dtype(np.int64)
     if dt.kind in "biu" and floaty:
         return np.dtype(np.float64)
     if dt.kind == "b" and eq.reduction_indices:
@@ -58,7 +66,7 @@ def _weak(v):
     return v
 
 
-def summation_terms(e, sign=""):
+def summation_terms(e):
     """Top-level additive terms of an expression."""
     if isinstance(e, Binary) and e.op in "+-":
         return summation_terms(e.left) + summation_terms(e.right)
@@ -72,9 +80,7 @@ def term_indices(e) -> set[str]:
     for n in walk(e):
         if isinstance(n, Access):
             for s in n.indices:
-                out |= set(s.names)
-                if isinstance(s, Gather):
-                    out |= set(s.names)
+                out |= set(s.names)       # a gather's names are its index array's indices
         elif isinstance(n, IndexValue):
             out.add(n.name)
     return out
@@ -127,6 +133,10 @@ class Kernel:
         self._lowered = None
         self._last: Prepared | None = None
         self._calls = callpath.CallCache(self.equation, threads)   # the fast call path
+        lhs = self.equation.lhs.indices
+        bare = [s.names[0] for s in lhs if isinstance(s, Affine) and s.is_bare]
+        self._fill = (len(bare) != len(lhs) or len(set(bare)) != len(bare) or any(
+            schedule.mask_guards(f) is not None for f in schedule.top_factors(self.equation.rhs)))
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
                       if blas and target in ("auto", "cpu") and not self.given else None)
@@ -242,7 +252,6 @@ class Kernel:
         eq = self.equation
         for acc in ([eq.lhs] if eq.assign != ":=" else []) + eq.accesses():
             for d, s in enumerate(acc.indices):
-                inner = s.inner if isinstance(s, Wrapped) else s
                 if isinstance(s, Gather) and s.array in ext and not s.offset.terms:
                     lo, hi = ext[s.array][0] + s.offset.const, ext[s.array][1] + s.offset.const
                     n = arrays[acc.array].shape[d]
@@ -250,8 +259,6 @@ class Kernel:
                         raise RangeError(f"index array '{s.array}' holds values {lo}..{hi} (with "
                                          f"offset), out of bounds for '{acc.array}' which has {n} "
                                          f"along dimension {d}", eq.text, s.span)
-                elif isinstance(s, Wrapped) and isinstance(inner, Gather) and s.kind != "pad":
-                    pass
 
     def ranges(self, **arrays) -> dict[str, range]:
         """The range of every index for these arrays (what the loops iterate)."""
@@ -326,11 +333,9 @@ class Kernel:
             prepared.fn(*args)
 
     def _needs_fill(self) -> bool:
-        eq = self.equation
-        lhs = eq.lhs.indices
-        bare = [s.names[0] for s in lhs if isinstance(s, Affine_) and s.is_bare]
-        masks = any(schedule.mask_guards(f) is not None for f in schedule.top_factors(eq.rhs))
-        return len(bare) != len(lhs) or len(set(bare)) != len(bare) or masks
+        """A new output must be filled first: some elements may not be written (diagonals,
+        constants, shifted or gathered positions, masks on left indices)."""
+        return self._fill
 
     def _prepare(self, arrays, rng, dtype, out_shape):
         eq = self.equation
@@ -429,7 +434,6 @@ class Kernel:
         return f"kernel({self.text!r})"
 
 
-from .ir import Affine as Affine_  # noqa: E402  (name used in _needs_fill)
 
 
 def _layout(a: np.ndarray):

@@ -316,39 +316,40 @@ class Tape:
         return g
 
 
+def _fresh(eq, suffix: str) -> str:
+    """A name for a derived array that the statement does not use."""
+    taken = set(eq.indices) | set(eq.arrays) | set(eq.params) | {eq.output}
+    name = eq.output + suffix
+    while name in taken:
+        name += "_"
+    return name
+
+
+def _derived_kernel(k, eq):
+    """A kernel for a statement derived from k's, with k's ranges, pad and threads."""
+    from .kernel import kernel as make
+    options = {o: k.options[o] for o in ("ranges", "pad", "threads") if k.options.get(o) is not None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # the user was warned about the original
+        return make(str(eq), **options)
+
+
 def _old_value_kernel(k):
     """(kernel of the statement with reads of its output renamed, the new name)."""
-    from dataclasses import replace as _replace
+    from dataclasses import replace
 
     from .ir import rename_reads
-    from .kernel import kernel as make
     eq = k.equation
-    taken = set(eq.indices) | set(eq.arrays) | set(eq.params)
-    old = eq.output + "_old"
-    while old in taken:
-        old += "_"
-
-    new = _replace(eq, rhs=rename_reads(eq.rhs, eq.output, old), text="")
-    options = {o: v for o, v in k.options.items() if o in ("ranges", "pad", "threads") and v}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return make(str(new), **options), old
+    old = _fresh(eq, "_old")
+    return _derived_kernel(k, replace(eq, rhs=rename_reads(eq.rhs, eq.output, old), text="")), old
 
 
 def _factor_kernel(k):
     """The kernel of the factor F of `y[...] *= rhs`: `F[...] := (*) rhs`."""
-    from dataclasses import replace as _replace
+    from dataclasses import replace
 
     from .ir import Access
-    from .kernel import kernel as make
     eq = k.equation
-    taken = set(eq.indices) | set(eq.arrays) | set(eq.params) | {eq.output}
-    name = eq.output + "_factor"
-    while name in taken:
-        name += "_"
-    new = _replace(eq, lhs=Access(name, eq.lhs.indices), assign=":=", text="",
-                   reduction="*" if eq.reduction_indices else None)
-    options = {o: v for o, v in k.options.items() if o in ("ranges", "pad", "threads") and v}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return make(str(new), **options)
+    new = replace(eq, lhs=Access(_fresh(eq, "_factor"), eq.lhs.indices), assign=":=", text="",
+                  reduction="*" if eq.reduction_indices else None)
+    return _derived_kernel(k, new)
