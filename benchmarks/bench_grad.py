@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from hand_kernels import hand_kernels
+from hand_kernels import hand_kernels, torch_local_conv
 
 S, C1, C2, B, K = 32, 8, 16, 16, 3
 SO = S - K + 1
@@ -66,25 +66,12 @@ def main():
 
     import torch
     torch.set_num_threads(2)
-    si, ti, ii, jj = np.meshgrid(np.arange(SO), np.arange(SO), np.arange(K), np.arange(K), indexing="ij")
-    SI, TI, II, JJ = (torch.from_numpy(v) for v in (si, ti, ii, jj))
-
-    def fwd(xt, Wt):
-        xw = xt.unfold(0, K, 1).unfold(1, K, 1)               # [s,t,c1,b,i,j]
-        Weff = Wt[SI + II, TI + JJ, II, JJ]                     # [s,t,i,j,c1,c2]
-        return torch.einsum("stcbij,stijcd->stdb", xw, Weff)
-    xt0, Wt0, dt = torch.from_numpy(x), torch.from_numpy(W), torch.from_numpy(dout)
-
-    def fwd_bwd():
-        xt = xt0.clone().requires_grad_()
-        Wt = Wt0.clone().requires_grad_()
-        fwd(xt, Wt).backward(dt)
-        return xt.grad, Wt.grad
+    fwd, fwd_bwd = torch_local_conv(x, W, dout, K)
     gx, gW = fwd_bwd()
     for name, a, b in (("torch dx", g["x"], gx.numpy()), ("torch dW", g["W"], gW.numpy())):
         assert float(np.abs(a - b).max()) / scale(b) < 1e-4, name
     with torch.no_grad():
-        rows.append(("torch forward (unfold+gather+einsum)", median_time(lambda: fwd(xt0, Wt0))))
+        rows.append(("torch forward (unfold+gather+einsum)", median_time(fwd)))
     rows.append(("torch autograd forward+backward", median_time(fwd_bwd)))
 
     print(f"local convolution x{x.shape} W{W.shape} float32, 2 threads; medians")

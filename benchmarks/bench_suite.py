@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 
-from hand_kernels import hand_kernels  # noqa: E402  (benchmarks/, the script's own folder)
+from hand_kernels import hand_kernels, torch_local_conv  # noqa: E402  (benchmarks/, the script's own folder)
 
 import tullio_py  # noqa: E402
 from tullio_py import kernel  # noqa: E402
@@ -167,21 +167,11 @@ def run_torch():
     tA, tB = torch.from_numpy(A), torch.from_numpy(B)
     record("matmul 512", "torch einsum", lambda: torch.einsum("ij,jk->ik", tA, tB),
            REF["matmul"], lambda: torch.einsum("ij,jk->ik", tA, tB).numpy())
-    SI, TI, II, JJ = (torch.from_numpy(v) for v in (si, ti, ii, jj))
-
-    def fwd(xt, Wt):
-        xw = xt.unfold(0, K, 1).unfold(1, K, 1)
-        return torch.einsum("stcbij,stijcd->stdb", xw, Wt[SI + II, TI + JJ, II, JJ])
-    xt0, Wt0, dt = torch.from_numpy(x), torch.from_numpy(W), torch.from_numpy(dout)
+    fwd, fwd_bwd = torch_local_conv(x, W, dout, K)
     with torch.no_grad():
-        record("local conv fwd", "torch unfold+einsum", lambda: fwd(xt0, Wt0), REF["conv"],
-               lambda: fwd(xt0, Wt0).numpy())
+        record("local conv fwd", "torch unfold+einsum", fwd, REF["conv"],
+               lambda: fwd().numpy())
 
-    def fwd_bwd():
-        xt = xt0.clone().requires_grad_()
-        Wt = Wt0.clone().requires_grad_()
-        fwd(xt, Wt).backward(dt)
-        return xt.grad, Wt.grad
     gx, gW = fwd_bwd()
     check("local conv grad", "torch dx", gx.numpy(), REF["dx"])
     check("local conv grad", "torch dW", gW.numpy(), REF["dW"])

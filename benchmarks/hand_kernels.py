@@ -1,5 +1,6 @@
 """Hand-written numba kernels: the same-backend ceiling the benchmarks compare tullio_py with
 (the best loops written by hand for each workload, checked against numpy before they are timed).
+Also the torch competitor of the local convolution (unfold + gather + einsum, and its autograd).
 Shared by bench_suite.py and bench_grad.py."""
 import numpy as np
 
@@ -88,3 +89,24 @@ def hand_kernels():
                     acc += a[i, j] * b[j, k]
                 c[i, k] = acc
     return mm, lc_fwd, lc_grad, rowmax, mm4
+
+
+def torch_local_conv(x, W, dout, K=3):
+    """(forward, forward+backward) of the local convolution written the usual torch way."""
+    import torch
+    SO = x.shape[0] - K + 1
+    si, ti, ii, jj = np.meshgrid(np.arange(SO), np.arange(SO), np.arange(K), np.arange(K),
+                                 indexing="ij")
+    SI, TI, II, JJ = (torch.from_numpy(v) for v in (si, ti, ii, jj))
+    xt0, Wt0, dt = torch.from_numpy(x), torch.from_numpy(W), torch.from_numpy(dout)
+
+    def fwd(xt=xt0, Wt=Wt0):
+        xw = xt.unfold(0, K, 1).unfold(1, K, 1)               # [s,t,c1,b,i,j]
+        return torch.einsum("stcbij,stijcd->stdb", xw, Wt[SI + II, TI + JJ, II, JJ])
+
+    def fwd_bwd():
+        xt = xt0.clone().requires_grad_()
+        Wt = Wt0.clone().requires_grad_()
+        fwd(xt, Wt).backward(dt)
+        return xt.grad, Wt.grad
+    return fwd, fwd_bwd
