@@ -6,6 +6,7 @@ one test are reused by the others (and by subprocesses the tests start, which in
 environment).  Under pytest-xdist each worker process gets its own directory.
 """
 import os
+import sys
 import shutil
 import tempfile
 
@@ -21,3 +22,16 @@ def _tullio_cache_dir():
     os.environ["TULLIO_CACHE_DIR"] = _CACHE_DIR
     yield _CACHE_DIR
     shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_rngs():
+    """Every test starts from the same global random state, so a failure reproduces exactly.
+
+    Tests that draw from torch's or numpy's global generator would otherwise get different
+    numbers on every run (and on every test order under pytest-xdist)."""
+    import numpy as np
+    np.random.seed(0)
+    torch = sys.modules.get("torch")           # seeded only where a test module loaded it
+    if torch is not None:
+        torch.manual_seed(0)
