@@ -180,3 +180,14 @@ def test_hand_written_shifted_gradient_matches_vjp():
     with pytest.warns(SummationWarning):
         tullio("dx[s+i,t+j,c1,b] = dx[s+i,t+j,c1,b] + dout[s,t,c2,b] * W[s+i,t+j,i,j,c1,c2]",
                dx=np.zeros_like(x), dout=dout, W=W)
+
+
+def test_scalar_output_cotangent_forms():
+    """A scalar output's cotangent may be a Python number, a numpy scalar or a 0-d array."""
+    k = kernel("s := x[i] * w[i]")
+    x, w = rand(4), rand(4)
+    out = k(x=x, w=w)
+    for cot in (2.0, np.float64(2), np.full_like(out, 2)):
+        g = k.vjp(cot, x=x, w=w)
+        np.testing.assert_allclose(g["x"], 2 * w, rtol=1e-14)
+        np.testing.assert_allclose(g["w"], 2 * x, rtol=1e-14)

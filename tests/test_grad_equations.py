@@ -30,6 +30,10 @@ TABLE = [
      dict(x=r(8), w=r(3))),
     ("max over two indices", "(max) m[i] := A[i,j,k] * w[k]", {}, dict(A=r(3, 4, 2), w=r(2))),
     ("finaliser", "n[i] := A[i,j]**2 |> sqrt", {}, dict(A=r(3, 4))),
+    # a term without j and k is still summed over them: dx carries the factor len_j * len_k
+    ("indices lost from a term", "y[i] := x[i]**2 + w[j]*v[k]", {},
+     dict(x=r(3), w=r(4), v=r(5))),
+    ("scalar output, lost index", "s := x[i] + w[j]", {}, dict(x=r(3), w=r(4))),
 ]
 
 
@@ -50,6 +54,7 @@ def run_printed(k, cot, arrays, out):
     return result
 
 
+@pytest.mark.filterwarnings("ignore::tullio_py.errors.SummationWarning")
 @pytest.mark.parametrize("title,expr,options,arrays", TABLE, ids=[t[0] for t in TABLE])
 def test_printed_equations_reproduce_vjp(title, expr, options, arrays):
     k = kernel(expr, **options)

@@ -22,10 +22,16 @@ def show(expr: str, grad: bool, target: str) -> int:
         for line in lines:
             print(f"  {line}")
         import re
-        bounds = sorted(set(re.findall(r"\b(?:lo|hi)_\w+", " ".join(lines))))
+        text = " ".join(lines)
+        bounds = sorted(set(re.findall(r"\b(?:lo|hi)_\w+", text)))
+        lengths = sorted(set(re.findall(r"\blen_\w+", text)))
         if bounds:
             print(f"  ({', '.join(bounds)}: the forward's range of that index, which depends on "
                   "the array shapes; after a call, kernel.gradient_equations shows the numbers)")
+        if lengths:
+            print(f"  ({', '.join(lengths)}: the length of that index's forward range -- a term "
+                  "that no longer mentions the index was summed over it; after a call, "
+                  "kernel.gradient_equations shows the numbers)")
     print(f"\n{target} code:\n")
     print(k.source(target=target))
     if grad:

@@ -23,7 +23,7 @@ Rules beyond plain calculus:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import GradientError
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, IndexValue, Param, Unary,
@@ -221,9 +221,24 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool) -> Deriva
                 if chosen is not None:
                     partial = Call("where", (chosen, partial, Const(0)))
                 rhs = _times(dout, partial, *masks)
-            out_eqs.append(Equation(lhs, sign_op, rhs))
+            out_eqs.append(_count_lost(eq, Equation(lhs, sign_op, rhs), taken, params))
         grads.append((name, tuple(out_eqs)))
     return _replace(base, helpers=tuple(helpers), grads=tuple(grads), params=tuple(params))
+
+
+def _count_lost(fwd: Equation, g: Equation, taken: set, params: list) -> Equation:
+    """A forward index that the gradient term no longer mentions anywhere was still summed
+    over: `y[i] := x[i] + w[j]` is J*x[i] + sum(w), so dx[i] += dy[i] * len_j.  Each such index
+    multiplies the term by the length of its forward range (a parameter filled in per call)."""
+    lost = [n for n in fwd.indices if n not in g.indices]
+    factors = []
+    for n in lost:
+        existing = [p for p, (kind, what) in params if kind == "len" and what == n]
+        length = existing[0] if existing else _fresh("len_" + n, taken)
+        if not existing:
+            params.append((length, ("len", n)))
+        factors.append(Param(length))
+    return replace(g, rhs=_times(g.rhs, *factors)) if factors else g
 
 
 def _pre_form(fin: str):

@@ -98,7 +98,7 @@ class Gradient:
         complex_mode = any(np.asarray(v).dtype.kind == "c" for v in values + [cot])
         d = self.derivation(complex_mode)
         ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}
-        ns[d.cotangent] = cot
+        ns[d.cotangent] = cot[()] if cot.ndim == 0 else cot     # a scalar output's cotangent is a scalar
         params = self._params(d, rng)
         if self._reads(d, eq.output) and eq.output not in ns:
             ns[eq.output] = (out_value if out_value is not None else
