@@ -73,7 +73,7 @@ class Gradient:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SummationWarning)
                 k = Kernel(text, threads=f.threads, target=f.target, pad=0, fastmath=f.fastmath,
-                           ranges=lost or None)
+                           ranges=lost or None, blas=f.options.get("blas", True))
             self._kernels[text] = k
         return k
 
@@ -230,6 +230,10 @@ class Gradient:
                     text = jit.module_text(rec[0].source, "cpu")
                 else:
                     text = self._kernel(g).source(target=target)
+                    if str(g) in record and target == "cpu":    # ran through BLAS (rec None)
+                        text = ("# a pure contraction over whole arrays: the last vjp ran it "
+                                "through BLAS (numpy);\n# these loops run it with blas=False\n"
+                                + text)
                 parts.append(f"# ---- {title}: {g}\n{text}")
         return "\n".join(parts)
 

@@ -314,7 +314,13 @@ class Kernel:
 
     def run_with_ranges(self, arrays: dict, rng: dict, out: np.ndarray, params: dict):
         """Run into `out` with the given index ranges (no range inference): gradients iterate
-        exactly the forward's ranges.  Returns (prepared, ranges, bound parameters)."""
+        exactly the forward's ranges.  Returns (prepared, ranges, bound parameters); None
+        when a pure contraction ran through BLAS instead (it needs ranges that cover every
+        array it reads and writes, as BLAS works on whole arrays)."""
+        if (self._blas is not None and _covers_arrays(self.equation, rng, arrays, out)
+                and _blas.worth(self._blas, rng, arrays)):
+            _blas.run(self._blas, self.equation, {**arrays, **params}, out.dtype, out)
+            return None
         prepared, call_ranges, extra = self._prepare(arrays, rng, out.dtype, out.shape)
         self._launch(prepared, self._arguments(prepared, {**arrays, **params}, out,
                                                call_ranges, extra))
@@ -434,6 +440,17 @@ class Kernel:
         return f"kernel({self.text!r})"
 
 
+
+
+def _covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bool:
+    """Every bare index runs over exactly the whole extent of each dimension it indexes."""
+    for acc in [eq.lhs] + eq.accesses():
+        shape = out.shape if acc.array == eq.output else np.shape(arrays[acc.array])
+        for d, s in enumerate(acc.indices):
+            r = rng.get(s.names[0]) if isinstance(s, Affine) and s.is_bare else None
+            if r is None or r.step != 1 or r.start != 0 or r.stop != shape[d]:
+                return False
+    return True
 
 
 def _layout(a: np.ndarray):
