@@ -204,3 +204,37 @@ def test_contraction_gradients_through_blas(blas):
     np.testing.assert_allclose(g["A"], dC @ B.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(g["B"], A.T @ dC, rtol=1e-12, atol=1e-12)
     assert ("through BLAS" in k.gradient_code) == blas
+
+
+FUSED_CASES = [
+    # local convolution: dx and dW share (p,q,i,j,c1,c2,b) and run as one loop nest
+    ("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
+     dict(x=(12, 12, 4, 8), W=(12, 12, 3, 3, 4, 8)), True),
+    # -= forward with a mask: the sign and the guard carry into the fused kernel
+    ("out[s,t,c2,b] -= x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2] * (c1 <= c2)",
+     dict(out=(10, 10, 8, 8), x=(12, 12, 4, 8), W=(12, 12, 3, 3, 4, 8)), True),
+    # threads split i, which dw's left side lacks: never fused across that split
+    ("y[i] := x[i,j] * w[j]", dict(x=(400, 300), w=(300,)), None),
+]
+
+
+@pytest.mark.parametrize("expr,shapes,expect_fused", FUSED_CASES, ids=["conv", "masked -=", "mv"])
+def test_fused_gradients_match_one_by_one(expr, shapes, expect_fused):
+    arrays = {n: rand(*s) for n, s in shapes.items()}
+    k, one = kernel(expr, blas=False), kernel(expr, blas=False, fuse=False)
+    serial = kernel(expr, blas=False, threads=False)
+    out = k(**{n: a.copy() for n, a in arrays.items()})
+    cot = rand(*np.shape(out))
+    g = k.vjp(cot, **arrays)
+    ref = one.vjp(cot, **arrays)
+    g1 = serial.vjp(cot, **arrays)
+    for name in ref:
+        scale = np.abs(ref[name]).max()
+        np.testing.assert_allclose(g[name], ref[name], rtol=1e-13, atol=1e-13 * scale)
+        np.testing.assert_array_equal(g1[name], g[name])   # thread count never changes a bit
+    if expect_fused is not None:
+        assert ("def _tullio_fused" in k.gradient_code) == expect_fused
+    assert "def _tullio_fused" not in one.gradient_code
+    if ":=" in expr:            # (an in-place forward would accumulate over the FD calls)
+        fd = finite_difference(k, arrays, "x", cot)
+        assert np.abs(g["x"] - fd).max() <= 1e-6 * max(np.abs(fd).max(), 1e-12)

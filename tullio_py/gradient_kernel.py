@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
+from . import fused, grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
 from .errors import GradientError, RangeError, SummationWarning
 from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)
 
@@ -46,6 +46,7 @@ class Gradient:
     def __init__(self, forward):
         self.fwd = forward
         self._kernels: dict = {}
+        self._fused: dict = {}      # compile keys of the statements -> (function, source)
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
 
     # ------------------------------------------------------------------ derivation
@@ -109,23 +110,66 @@ class Gradient:
             dtype = np.result_type(*[ns[a.array].dtype for a in h.accesses()])
             ns[h.output] = np.zeros(cot.shape, dtype)
             record[str(h)] = _run(hk, _pick(h, ns, params), rng, ns[h.output], params)
-        result = {}
+        result, jobs = {}, []
         for name, eqs in d.grads:
             x = collected[name]
             if x.dtype.kind not in "fc" or not eqs:
                 continue
             dtype = np.result_type(x.dtype, cot.dtype, np.complex64 if complex_mode else x.dtype)
-            dx = np.zeros(x.shape, dtype)
-            for g in eqs:
-                gk = self._kernel(g)
-                grng = self._clip_bare(g, rng, dx.shape)
-                record[str(g)] = _run(gk, _pick(g, ns, params), grng, dx, params)
+            result[name] = dx = np.zeros(x.shape, dtype)
+            jobs += [(g, self._kernel(g), _pick(g, ns, params), self._clip_bare(g, rng, dx.shape),
+                      dx) for g in eqs]
+        self._run_jobs(jobs, params, record)
+        for name in result:
+            x, dx = collected[name], result[name]
             if x.dtype.kind != "c" and dx.dtype.kind == "c":
                 dx = dx.real
             result[name] = dx.astype(x.dtype, copy=False)
         self._last = (d, rng, {**shapes, eq.output: cot.shape, d.cotangent: cot.shape, **{h.output: cot.shape for h in d.helpers},
                                **{dn: shapes[n] for n, dn in d.gradient_names}}, params, record)
         return result
+
+    def _run_jobs(self, jobs: list, params: dict, record: dict):
+        """Run the gradient statements; those that share their loops run as one fused kernel
+        (fused.py) unless the forward kernel has fuse=False."""
+        loops = []
+        for g, gk, arrays, grng, out in jobs:
+            if (self.fwd.options.get("fuse", True) and gk.target in ("auto", "cpu")
+                    and not gk.uses_blas(arrays, grng, out)):
+                loops.append((g, gk, arrays, out, *gk.plan_for(arrays, grng, out.dtype, out.shape),
+                              grng))
+            else:
+                record[str(g)] = _run(gk, arrays, grng, out, params)
+        if not fused.fusable([j[4] for j in loops], [j[6].ranges for j in loops]):
+            for g, gk, arrays, out, _, _, _, grng in loops:
+                record[str(g)] = _run(gk, arrays, grng, out, params)
+            return
+        key = tuple(j[5] for j in loops)
+        entry = self._fused.get(key)
+        if entry is None:
+            source = fused.render([j[4] for j in loops])
+            entry = self._fused[key] = (jit.load(source, "cpu", signature=repr(key)), source)
+        fn, source = entry
+        named = {}
+        for g, gk, arrays, out, plan, _, low, _ in loops:
+            named.update(arrays)
+            named.update(low.bound_params)
+            named[plan.equation.output] = out
+        rng = loops[0][6].ranges
+        args = [rng[a[7:]].start if a.startswith("_start_") else
+                rng[a[6:]].stop if a.startswith("_stop_") else
+                params[a] if a in params else named[a] for a in source.args]
+        n = schedule.thread_count(self.fwd.threads, jit.max_threads())
+        if source.parallel and n is not None:
+            jit.set_threads(n)
+            try:
+                fn(*args)
+            finally:
+                jit.set_threads(None)
+        else:
+            fn(*args)
+        for g, *_ in loops:
+            record[str(g)] = ("fused", source)
 
     @staticmethod
     def _reads(d, name) -> bool:
@@ -222,10 +266,16 @@ class Gradient:
         """Generated source of every gradient kernel (of the last vjp call, when there was one)."""
         d = self._last[0] if self._last else self.derivation(False)
         record = self._last[4] if self._last else {}
-        parts = []
+        parts, shown = [], None
         for title, eqs in [("helper", d.helpers)] + [(f"gradient of {n}", e) for n, e in d.grads]:
             for g in eqs:
                 rec = record.get(str(g))
+                if rec is not None and rec[0] == "fused" and target == "cpu":
+                    if rec[1] is not shown:     # once for the statements it runs together
+                        parts.append(f"# ---- gradients run as one loop nest (fused)\n"
+                                     f"{jit.module_text(rec[1], 'cpu')}")
+                    shown = rec[1]
+                    continue
                 if rec is not None and target == "cpu":
                     text = jit.module_text(rec[0].source, "cpu")
                 else:
