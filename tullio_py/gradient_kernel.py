@@ -15,7 +15,7 @@ equations with `tullio()` iterates exactly the tuples vjp iterates, in the same 
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,6 +40,20 @@ def _pick(eq: Equation, ns: dict, params: dict) -> dict:
     return {n: (params[n] if n in params else ns[n]) for n in (*eq.arrays, *eq.params)}
 
 
+@dataclass(frozen=True)
+class _CallState:
+    """What a vjp call runs, fixed by the shapes, dtypes and strides of its arrays."""
+    d: object                   # grad.Derivation
+    rng: dict                   # the forward's index ranges
+    params: dict                # helper parameters (lengths of ranges, ...)
+    shapes: dict                # every array of the gradient statements -> shape (printing)
+    reads_output: bool          # some statement reads the forward's output
+    helpers: list               # (statement, Kernel)
+    grads: list                 # (input, gradient dtype, [(statement, Kernel, ranges)])
+    gathers: bool               # index arrays: checked again on every call
+    fused: dict                 # compile keys of the statements -> fused (fn, source) or False
+
+
 class Gradient:
     """The gradient side of one forward Kernel."""
 
@@ -47,6 +61,7 @@ class Gradient:
         self.fwd = forward
         self._kernels: dict = {}
         self._fused: dict = {}      # compile keys of the statements -> (function, source)
+        self._states: dict = {}     # call signature -> _CallState
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
 
     # ------------------------------------------------------------------ derivation
@@ -87,6 +102,45 @@ class Gradient:
         if eq.assign != ":=":
             call[eq.output] = out_value if out_value is not None else np.zeros(cot.shape, cot.dtype)
         collected = k._collect(call)
+        # Everything that depends only on shapes, dtypes and strides is worked out once per
+        # call signature (ranges, derivation, kernels, fusion); gathers read index values, so
+        # their checks run on every call.
+        sig = (cot.dtype.str, cot.shape, tuple(
+            (n, a.dtype.str, a.shape, a.strides) if isinstance(a, np.ndarray)
+            else (n, type(a).__name__) for n, a in collected.items()))
+        st = self._states.get(sig)
+        if st is None or st.gathers:
+            st = self._state(collected, cot)
+            if len(self._states) >= 32:
+                self._states.clear()
+            self._states[sig] = st
+        d, rng, params = st.d, st.rng, st.params
+        ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}
+        ns[d.cotangent] = cot[()] if cot.ndim == 0 else cot     # a scalar output's cotangent is a scalar
+        if st.reads_output and eq.output not in ns:
+            ns[eq.output] = (out_value if out_value is not None else
+                             k(**{n: v for n, v in call.items() if n != eq.output or eq.assign != ":="}))
+        record = {}
+        for h, hk in st.helpers:
+            dtype = np.result_type(*[ns[a.array].dtype for a in h.accesses()])
+            ns[h.output] = np.zeros(cot.shape, dtype)
+            record[str(h)] = _run(hk, _pick(h, ns, params), rng, ns[h.output], params)
+        result, jobs = {}, []
+        for name, dtype, eqs in st.grads:
+            result[name] = dx = np.zeros(collected[name].shape, dtype)
+            jobs += [(g, gk, _pick(g, ns, params), grng, dx) for g, gk, grng in eqs]
+        self._run_jobs(jobs, params, record, st)
+        for name in result:
+            x, dx = collected[name], result[name]
+            if x.dtype.kind != "c" and dx.dtype.kind == "c":
+                dx = dx.real
+            result[name] = dx.astype(x.dtype, copy=False)
+        self._last = (d, rng, st.shapes, params, record)
+        return result
+
+    def _state(self, collected: dict, cot: np.ndarray) -> "_CallState":
+        """What a vjp call with these shapes, dtypes and strides runs (checks included)."""
+        k, eq = self.fwd, self.fwd.equation
         shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
         ext = k._extrema(collected)
         k._check_gathers(collected, ext)
@@ -98,38 +152,22 @@ class Gradient:
         values = [collected[n] for n in eq.arrays] + [np.asarray(collected[p]) for p in eq.params]
         complex_mode = any(np.asarray(v).dtype.kind == "c" for v in values + [cot])
         d = self.derivation(complex_mode)
-        ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}
-        ns[d.cotangent] = cot[()] if cot.ndim == 0 else cot     # a scalar output's cotangent is a scalar
-        params = self._params(d, rng)
-        if self._reads(d, eq.output) and eq.output not in ns:
-            ns[eq.output] = (out_value if out_value is not None else
-                             k(**{n: v for n, v in call.items() if n != eq.output or eq.assign != ":="}))
-        record = {}
-        for h in d.helpers:
-            hk = self._kernel(h)
-            dtype = np.result_type(*[ns[a.array].dtype for a in h.accesses()])
-            ns[h.output] = np.zeros(cot.shape, dtype)
-            record[str(h)] = _run(hk, _pick(h, ns, params), rng, ns[h.output], params)
-        result, jobs = {}, []
+        grads = []
         for name, eqs in d.grads:
             x = collected[name]
             if x.dtype.kind not in "fc" or not eqs:
                 continue
             dtype = np.result_type(x.dtype, cot.dtype, np.complex64 if complex_mode else x.dtype)
-            result[name] = dx = np.zeros(x.shape, dtype)
-            jobs += [(g, self._kernel(g), _pick(g, ns, params), self._clip_bare(g, rng, dx.shape),
-                      dx) for g in eqs]
-        self._run_jobs(jobs, params, record)
-        for name in result:
-            x, dx = collected[name], result[name]
-            if x.dtype.kind != "c" and dx.dtype.kind == "c":
-                dx = dx.real
-            result[name] = dx.astype(x.dtype, copy=False)
-        self._last = (d, rng, {**shapes, eq.output: cot.shape, d.cotangent: cot.shape, **{h.output: cot.shape for h in d.helpers},
-                               **{dn: shapes[n] for n, dn in d.gradient_names}}, params, record)
-        return result
+            grads.append((name, dtype, [(g, self._kernel(g), self._clip_bare(g, rng, x.shape))
+                                        for g in eqs]))
+        all_shapes = {**shapes, eq.output: cot.shape, d.cotangent: cot.shape,
+                      **{h.output: cot.shape for h in d.helpers},
+                      **{dn: shapes[n] for n, dn in d.gradient_names}}
+        return _CallState(d, rng, self._params(d, rng), all_shapes,
+                          self._reads(d, eq.output), [(h, self._kernel(h)) for h in d.helpers],
+                          grads, bool(eq.gathers()), {})
 
-    def _run_jobs(self, jobs: list, params: dict, record: dict):
+    def _run_jobs(self, jobs: list, params: dict, record: dict, st: "_CallState"):
         """Run the gradient statements; those that share their loops run as one fused kernel
         (fused.py) unless the forward kernel has fuse=False."""
         loops = []
@@ -140,15 +178,14 @@ class Gradient:
                               grng))
             else:
                 record[str(g)] = _run(gk, arrays, grng, out, params)
-        if not fused.fusable([j[4] for j in loops], [j[6].ranges for j in loops]):
+        key = tuple(j[5] for j in loops)
+        entry = st.fused.get(key)
+        if entry is None:
+            entry = st.fused[key] = self._fused_kernel(loops, key)
+        if entry is False:
             for g, gk, arrays, out, _, _, _, grng in loops:
                 record[str(g)] = _run(gk, arrays, grng, out, params)
             return
-        key = tuple(j[5] for j in loops)
-        entry = self._fused.get(key)
-        if entry is None:
-            source = fused.render([j[4] for j in loops])
-            entry = self._fused[key] = (jit.load(source, "cpu", signature=repr(key)), source)
         fn, source = entry
         named = {}
         for g, gk, arrays, out, plan, _, low, _ in loops:
@@ -170,6 +207,17 @@ class Gradient:
             fn(*args)
         for g, *_ in loops:
             record[str(g)] = ("fused", source)
+
+    def _fused_kernel(self, loops: list, key: tuple):
+        """(function, source) of the fused loop nest, or False when the statements cannot
+        share one."""
+        if not fused.fusable([j[4] for j in loops], [j[6].ranges for j in loops]):
+            return False
+        entry = self._fused.get(key)
+        if entry is None:
+            source = fused.render([j[4] for j in loops])
+            entry = self._fused[key] = (jit.load(source, "cpu", signature=repr(key)), source)
+        return entry
 
     @staticmethod
     def _reads(d, name) -> bool:
