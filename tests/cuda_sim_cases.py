@@ -91,6 +91,37 @@ def test_gradient_equations_table(n):
         np.testing.assert_allclose(ns["d" + name], grads[name], rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("n", range(len(TABLE)), ids=IDS)
+def test_vjp_on_the_device(n):
+    """Kernel.vjp with device arrays: gradients computed on the device, returned as device
+    arrays, equal to the CPU vjp; numpy arrays with target="cuda" come back as numpy."""
+    case = _gradient_case(n)
+    if case is None:
+        pytest.skip("no gradient for this entry")
+    arrays, dout, grads, _ = case
+    t = TABLE[n]
+    tol = 1e-5 if dout.dtype == np.float32 else 1e-10
+    k = kernel(t.expr, **t.opts)                    # target "auto": device arrays pick cuda
+    on_dev = {n_: cuda.to_device(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+              for n_, v in arrays.items()}
+    got = _quiet(k.vjp, cuda.to_device(dout), **on_dev)
+    assert set(got) == set(grads)
+    for name, g in got.items():
+        assert type(g).__name__ == "FakeCUDAArray"
+        np.testing.assert_allclose(g.copy_to_host(), grads[name], rtol=tol, atol=tol)
+    host = _quiet(kernel(t.expr, **{**t.opts, "target": "cuda"}).vjp, dout, **arrays)
+    for name, g in host.items():
+        assert isinstance(g, np.ndarray)
+        np.testing.assert_allclose(g, grads[name], rtol=tol, atol=tol)
+
+
+def test_vjp_on_the_device_mixed_memory_is_an_error():
+    k = kernel("y[i] := x[i+j] * w[j]")
+    x, w = np.arange(5.0), np.ones(2)
+    with pytest.raises(TullioError, match="host memory"):
+        k.vjp(cuda.to_device(np.ones(4)), x=cuda.to_device(x), w=w)
+
+
 # ----------------------------------------------------------------------------- CUDA-only paths
 r = np.random.default_rng(7)
 J = np.array([1, 3, 3, 0, 3, 1, 4, 4, 4])

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 STAGE = {
     "errors": 0, "cache": 0, "ir": 1, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
     "grad": 4, "blas": 4, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
-    "gradient_kernel": 9, "frontends.cuda": 9, "kernel": 10, "frontends.vjp": 11,
+    "gradient_kernel": 9, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
     "frontends.torch": 12, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,
 }
 # Deliberate late (function-level) imports of a later stage, each with its reason.
@@ -32,7 +32,7 @@ LATE_IMPORTS_ALLOWED = {
     ("frontends.torch", "frontends.cuda"): "CUDA tensors go to the CUDA frontend",
 }
 HEAVY = {"sympy": {"grad"}, "torch": {"frontends.torch", "frontends.torch_ops", "nn"},
-         "numba": {"jit", "frontends.cuda", "codegen_cuda"}}
+         "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen_cuda"}}
 
 
 def modules():

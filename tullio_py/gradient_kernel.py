@@ -21,6 +21,7 @@ import numpy as np
 
 from . import fused, grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
 from .errors import GradientError, RangeError, SummationWarning
+from .frontends.cuda import wants_cuda
 from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)
 
 
@@ -96,6 +97,9 @@ class Gradient:
     # ------------------------------------------------------------------ vjp
     def vjp(self, cotangent, **arrays) -> dict:
         k, eq = self.fwd, self.fwd.equation
+        if k.target not in ("cpu", "python") and wants_cuda(k, {**arrays, "": cotangent}):
+            from .frontends import cuda_vjp      # arrays in GPU memory: gradients stay there
+            return cuda_vjp.vjp(self, cotangent, dict(arrays))
         cot = np.asarray(cotangent)
         out_value = arrays.pop(eq.output, None)
         call = dict(arrays)

@@ -382,8 +382,7 @@ class Kernel:
             self._lowered = rewrite.lower(eq)
             self._lowered_text = str(self._lowered.equation)
         low = rewrite.lower(eq, rng, out_shape, static=self._lowered)
-        work_eq, call_ranges, extra_params = low.equation, low.ranges, low.bound_params
-        solved, snapshot = low.solved, low.snapshot
+        work_eq, call_ranges = low.equation, low.ranges
         parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
         # Memory layout of every array (loop order follows it), and sizes (which matter).

@@ -183,26 +183,12 @@ def call(kernel, arrays: dict):
     else:
         out, user_out = dev[eq.output], arrays[eq.output]
     prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)
-    src = prepared.source
     values = {n: _one_d(d) for n, d in dev.items()}
     values.update(params)
     values[eq.output] = _one_d(out)
     if prepared.snapshot:
         values["_old_" + eq.output] = _one_d(_copy(out))
-    cfg = codegen_cuda.launch_config(src, [len(call_ranges[v]) for v in src.threaded],
-                                     kernel.threads)
-    if src.kind == "scalar":
-        size = 1 if src.atomic else (int(np.prod(cfg[0])) if cfg else 0)
-        values["_red"] = cuda.device_array(size, np.dtype(src.scratch))
-    args = arguments(prepared, prepared.equation, values, call_ranges, extra)
-    stream = _stream(lib, ref)
-    for name in src.kernels:
-        fn = prepared.fns[name]
-        if name == "_tullio_finish" or (name == "_tullio_init" and src.kind == "scalar"):
-            fn[1, 1, stream](*args)
-        elif cfg is not None:
-            grid, block, shmem = cfg
-            fn[grid, block, stream, shmem](*args)
+    _launch(kernel, prepared, values, call_ranges, extra, _stream(lib, ref))
     kernel._last = prepared
     if host_mode:
         result = out.copy_to_host().reshape(out_shape)
@@ -215,6 +201,25 @@ def call(kernel, arrays: dict):
         return user_out
     return user_out.reshape(out_shape) if lib != "numba" else (
         user_out if len(out_shape) else user_out.reshape(()) if _can_0d(user_out) else user_out)
+
+
+def _launch(kernel, prepared: Prepared, values: dict, call_ranges: dict, extra: dict, stream):
+    """Launch the generated kernels of one statement (`values`: numba views and scalars)."""
+    from numba import cuda
+    src = prepared.source
+    cfg = codegen_cuda.launch_config(src, [len(call_ranges[v]) for v in src.threaded],
+                                     kernel.threads)
+    if src.kind == "scalar":
+        size = 1 if src.atomic else (int(np.prod(cfg[0])) if cfg else 0)
+        values["_red"] = cuda.device_array(size, np.dtype(src.scratch))
+    args = arguments(prepared, prepared.equation, values, call_ranges, extra)
+    for name in src.kernels:
+        fn = prepared.fns[name]
+        if name == "_tullio_finish" or (name == "_tullio_init" and src.kind == "scalar"):
+            fn[1, 1, stream](*args)
+        elif cfg is not None:
+            grid, block, shmem = cfg
+            fn[grid, block, stream, shmem](*args)
 
 
 def _can_0d(a) -> bool:

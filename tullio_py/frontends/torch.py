@@ -327,17 +327,56 @@ def _in_place(kernel, arrays: dict, tensors: dict):
 # ----------------------------------------------------------------------------- CUDA
 def _cuda_call(kernel, arrays: dict, devices: set):
     """CUDA tensors run on the CUDA target (frontends/cuda.py views them without copies and
-    allocates the result with torch).  Their gradients are not wired yet: the gradient kernels
-    run on numpy arrays, so a CUDA tensor that requires grad is an error, not a silent copy."""
+    allocates the result with torch); with autograd, the backward runs the gradient kernels on
+    the same device (frontends/cuda_vjp.py)."""
     eq = kernel.equation
     where = devices | ({"cpu"} if any(isinstance(v, np.ndarray) for v in arrays.values()) else set())
     if len(where) > 1:
         raise ArgumentError(f"arrays on different devices ({', '.join(sorted(where))})",
                             eq.text, None, "move every tensor to the same device")
-    tensors = [v for v in arrays.values() if isinstance(v, torch.Tensor)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        raise GradientError("gradients of CUDA tensors through tullio_py are not available yet "
-                            "(the gradient kernels run on the CPU)", eq.text, None,
-                            "run the call under torch.no_grad(), or use CPU tensors")
     from . import cuda
-    return cuda.call(kernel, arrays)
+    spec = Spec.of(kernel, arrays)
+    if not (torch.is_grad_enabled() and any(arrays[n].requires_grad for n in spec.diff)):
+        return cuda.call(kernel, {n: v.detach() if isinstance(v, torch.Tensor) else v
+                                  for n, v in arrays.items()})
+    if eq.assign != ":=":
+        raise ArgumentError(f"in-place '{eq.assign}' with tensors that require grad is not "
+                            "differentiable through torch autograd", eq.text, eq.lhs.span,
+                            "use ':=' to make a new tensor, or run the statement under "
+                            "torch.no_grad()")
+    for n in eq.params:
+        if isinstance(arrays.get(n), torch.Tensor) and arrays[n].requires_grad:
+            raise GradientError(f"no gradient for the scalar parameter '{n}' (parameters are "
+                                "runtime constants of the kernel)", eq.text, None)
+    return _CudaApply.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
+
+
+class _CudaApply(torch.autograd.Function):
+    """out = kernel(**arrays) on CUDA tensors as one autograd node; backward = the kernel's
+    vjp on the same device."""
+
+    @staticmethod
+    def forward(ctx, spec: Spec, others: dict, *tensors):
+        from . import cuda
+        out = cuda.call(spec.kernel, {**dict(zip(spec.tensors, tensors)), **others})
+        ctx.spec, ctx.others = spec, others
+        ctx.save_for_backward(*tensors, out)
+        if not out.is_floating_point() and not out.is_complex():
+            ctx.mark_non_differentiable(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, gout):
+        *tensors, out = ctx.saved_tensors
+        spec = ctx.spec
+        needs = {n for n, want in zip(spec.tensors, ctx.needs_input_grad[2:])
+                 if want and n in spec.diff}
+        values = {n: (_param(t.cpu()) if n in spec.kernel.equation.params else t.detach())
+                  for n, t in zip(spec.tensors, tensors)}
+        with torch.no_grad():
+            grads = vjp_mod.vjp(spec.kernel, gout.contiguous(), {**values, **ctx.others}, needs,
+                                out.detach())
+        result = [grads.get(n) if n in needs else None for n in spec.tensors]
+        if torch.is_grad_enabled():
+            result = _no_second_order(spec, result, [gout, *tensors])
+        return (None, None, *result)

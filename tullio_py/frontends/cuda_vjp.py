@@ -1,0 +1,132 @@
+"""`Kernel.vjp` on the CUDA target: arrays in GPU memory in, gradients in GPU memory out.
+
+The gradient statements are the same as on the CPU (grad.py, rewritten by rewrite.py: no
+shifted left-hand index, so every element of a gradient array gets its own GPU thread).  Each
+runs over the FORWARD's index ranges, as on the CPU, into zero-filled arrays allocated by the
+inputs' own library (torch in, torch out).  numpy inputs with target="cuda" are copied to the
+device and the gradients copied back.  Checks (names, ranks, shapes, gathers' bounds) run on
+host placeholders, as for a forward call.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from . import cuda as dev_mod
+from ..errors import ArgumentError, GradientError
+
+
+def vjp(gradient, cotangent, arrays: dict) -> dict:
+    """{input: gradient} for a call whose arrays live on the GPU (or target="cuda")."""
+    from numba import cuda
+    k = gradient.fwd
+    eq = k.equation
+    out_value = arrays.pop(eq.output, None)
+    params = {n: (np.asarray(dev_mod._as_numba(v).copy_to_host()).reshape(()).item()
+                  if dev_mod.on_device(v) else v)
+              for n, v in arrays.items() if n in eq.params}
+    given = {n: v for n, v in arrays.items() if n not in params}
+    if out_value is not None:
+        given[eq.output] = out_value
+    on_gpu = [n for n, v in {**given, "cotangent": cotangent}.items() if dev_mod.on_device(v)]
+    host_mode = not on_gpu
+    if on_gpu and len(on_gpu) != len(given) + 1:
+        host = [n for n in [*given, "cotangent"] if n not in on_gpu]
+        raise ArgumentError(f"arrays in GPU memory ({', '.join(on_gpu)}) and in host memory "
+                            f"({', '.join(host)}) in one vjp call", eq.text, None,
+                            "move them all to the GPU")
+    dev = {n: (cuda.to_device(_contiguous(v)) if host_mode else dev_mod._as_numba(v))
+           for n, v in {**given, "cotangent": cotangent}.items()}
+    cot = dev.pop("cotangent")
+    ref = cotangent if not host_mode else None
+    lib = "numba" if host_mode else dev_mod._library(cotangent)
+    extrema = {}
+    for g in eq.gathers():
+        if g.array in dev and g.array not in extrema and int(np.prod(dev[g.array].shape)):
+            J = dev[g.array].copy_to_host()
+            extrema[g.array] = (int(J.min()), int(J.max()))
+    shapes = {n: (d.shape, d.dtype) for n, d in dev.items() if n != eq.output}
+    if eq.assign != ":=":
+        shapes[eq.output] = (cot.shape, cot.dtype)
+    checked, rng, _, out_shape = dev_mod.check(k, shapes, params, extrema)
+    if out_shape == () and tuple(cot.shape) == (1,):      # a scalar kept as one element
+        cot = cot.reshape(())
+    if tuple(cot.shape) != tuple(out_shape):
+        raise GradientError(f"the cotangent has shape {tuple(cot.shape)}, but the output "
+                            f"{eq.output} has shape {tuple(out_shape)}", eq.text, eq.lhs.span)
+    complex_mode = any(np.dtype(d.dtype).kind == "c" for d in [*dev.values(), cot]) or any(
+        isinstance(v, complex) for v in params.values())
+    d = gradient.derivation(complex_mode)
+    gparams = gradient._params(d, rng)
+    ns = {n: v for n, v in dev.items() if n != eq.output or eq.output in eq.arrays}
+    # a scalar output's cotangent is a scalar parameter of the gradient statements
+    ns[d.cotangent] = np.asarray(cot.copy_to_host()).reshape(())[()] if not cot.shape else cot
+    if gradient._reads(d, eq.output) and eq.output not in ns:
+        if eq.output in dev:
+            ns[eq.output] = dev[eq.output]
+        else:       # the forward again, on the device
+            again = dev_mod.call(k, {**{n: v for n, v in dev.items() if n != eq.output}, **params})
+            ns[eq.output] = dev_mod._as_numba(again)
+    stream = dev_mod._stream(lib, ref)
+    for h in d.helpers:
+        dtype = np.result_type(*[np.dtype(ns[a.array].dtype) for a in h.accesses()])
+        ns[h.output], _ = dev_mod._alloc(lib, out_shape, dtype, 0, ref)
+        _run(gradient._kernel(h), ns, params, gparams, rng, ns[h.output], stream)
+    result = {}
+    for name, eqs in d.grads:
+        x = dev[name]
+        xdt = np.dtype(x.dtype)
+        if xdt.kind not in "fc" or not eqs:
+            continue
+        dtype = np.result_type(xdt, np.dtype(cot.dtype), np.complex64 if complex_mode else xdt)
+        if dtype.kind == "c" and xdt.kind != "c":
+            raise GradientError(f"the gradient of the real array {name} passes through complex "
+                                "values: not supported on the CUDA target", eq.text, None,
+                                "compute this gradient with CPU arrays")
+        view, own = dev_mod._alloc(lib, x.shape, dtype, 0, ref)
+        for g in eqs:
+            _run(gradient._kernel(g), ns, params, gparams, gradient._clip_bare(g, rng, x.shape),
+                 view, stream)
+        result[name] = _as_dtype(lib, view, own, xdt)
+    if host_mode:
+        return {n: v.copy_to_host() for n, v in result.items()}
+    return result
+
+
+def _contiguous(v) -> np.ndarray:
+    a = np.asarray(v)
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)     # (keeps 0-d arrays 0-d)
+
+
+def _run(gk, ns: dict, params: dict, gparams: dict, rng: dict, out, stream):
+    """One gradient statement over the given ranges, accumulating into `out`."""
+    eq = gk.equation
+    ghosts = {n: dev_mod._ghost(ns[n].shape, ns[n].dtype) for n in eq.arrays if n in ns}
+    scalars = {n: (gparams[n] if n in gparams else params[n] if n in params else ns[n])
+               for n in eq.params}
+    for n, v in scalars.items():        # a scalar helper result (`M_arg` of a (max) M :=)
+        if hasattr(v, "copy_to_host"):
+            scalars[n] = np.asarray(v.copy_to_host()).reshape(())[()]
+    checked = {**ghosts, **scalars, eq.output: dev_mod._ghost(out.shape, out.dtype)}
+    prepared, call_ranges, extra = dev_mod.prepare(gk, checked, rng, np.dtype(out.dtype),
+                                                   tuple(out.shape))
+    values = {n: dev_mod._one_d(ns[n]) for n in eq.arrays if n in ns}
+    values.update(scalars)
+    values[eq.output] = dev_mod._one_d(out)
+    if prepared.snapshot:
+        values["_old_" + eq.output] = dev_mod._one_d(dev_mod._copy(out))
+    dev_mod._launch(gk, prepared, values, call_ranges, extra, stream)
+
+
+def _as_dtype(lib: str, view, own, dtype: np.dtype):
+    """The gradient in the input's dtype, as the inputs' library's array."""
+    if np.dtype(view.dtype) == dtype:
+        return own
+    if lib == "torch":
+        torch = sys.modules["torch"]      # loaded: the inputs are its tensors
+        return own.to(torch.from_numpy(np.empty(0, dtype)).dtype)
+    if lib == "cupy":
+        return own.astype(dtype)
+    from numba import cuda
+    return cuda.to_device(view.copy_to_host().astype(dtype))
