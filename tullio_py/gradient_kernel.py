@@ -173,53 +173,67 @@ class Gradient:
 
     def _run_jobs(self, jobs: list, params: dict, record: dict, st: "_CallState"):
         """Run the gradient statements; those that share their loops run as one fused kernel
-        (fused.py) unless the forward kernel has fuse=False."""
-        loops = []
-        for g, gk, arrays, grng, out in jobs:
+        (fused.py) unless the forward kernel has fuse=False.  Which statements run how is
+        decided on the first call of a signature and replayed after."""
+        steps = st.fused.get("steps")
+        if steps is None:
+            steps = st.fused["steps"] = self._steps(jobs, st)
+        for step in steps:
+            if step[0] == "own":
+                g, gk, arrays, grng, out = jobs[step[1]]
+                record[step[2]] = _run(gk, arrays, grng, out, params)
+                continue
+            _, members, fn, source, bound, rng, outputs, texts = step
+            named = dict(bound)
+            for k, name in zip(members, outputs):
+                named.update(jobs[k][2])
+                named[name] = jobs[k][4]
+            args = [rng[a[7:]].start if a.startswith("_start_") else
+                    rng[a[6:]].stop if a.startswith("_stop_") else
+                    params[a] if a in params else named[a] for a in source.args]
+            n = schedule.thread_count(self.fwd.threads, jit.max_threads())
+            if source.parallel and n is not None:
+                jit.set_threads(n)
+                try:
+                    fn(*args)
+                finally:
+                    jit.set_threads(None)
+            else:
+                fn(*args)
+            for text in texts:
+                record[text] = ("fused", source)
+
+    def _steps(self, jobs: list, st: "_CallState") -> list:
+        """("own", job, text) per statement run alone (its kernel, or BLAS), and one
+        ("fused", jobs, fn, source, bound parameters, ranges, outputs, texts) for those that
+        share a loop nest."""
+        steps, loops = [], []
+        for k, (g, gk, arrays, grng, out) in enumerate(jobs):
             if (self.fwd.options.get("fuse", True) and gk.target in ("auto", "cpu")
                     and not gk.uses_blas(arrays, grng, out)):
-                loops.append((g, gk, arrays, out, *gk.plan_for(arrays, grng, out.dtype, out.shape),
-                              grng))
+                loops.append((k, *gk.plan_for(arrays, grng, out.dtype, out.shape)))
             else:
-                record[str(g)] = _run(gk, arrays, grng, out, params)
-        key = tuple(j[5] for j in loops)
-        entry = st.fused.get(key)
-        if entry is None:
-            entry = st.fused[key] = self._fused_kernel(loops, key)
+                steps.append(("own", k, str(g)))
+        key = tuple(j[2] for j in loops)
+        entry = self._fused_kernel([j[1] for j in loops], [j[3].ranges for j in loops], key)
         if entry is False:
-            for g, gk, arrays, out, _, _, _, grng in loops:
-                record[str(g)] = _run(gk, arrays, grng, out, params)
-            return
+            return steps + [("own", j[0], str(jobs[j[0]][0])) for j in loops]
         fn, source = entry
-        named = {}
-        for g, gk, arrays, out, plan, _, low, _ in loops:
-            named.update(arrays)
-            named.update(low.bound_params)
-            named[plan.equation.output] = out
-        rng = loops[0][6].ranges
-        args = [rng[a[7:]].start if a.startswith("_start_") else
-                rng[a[6:]].stop if a.startswith("_stop_") else
-                params[a] if a in params else named[a] for a in source.args]
-        n = schedule.thread_count(self.fwd.threads, jit.max_threads())
-        if source.parallel and n is not None:
-            jit.set_threads(n)
-            try:
-                fn(*args)
-            finally:
-                jit.set_threads(None)
-        else:
-            fn(*args)
-        for g, *_ in loops:
-            record[str(g)] = ("fused", source)
+        bound = {}
+        for j in loops:
+            bound.update(j[3].bound_params)
+        return steps + [("fused", [j[0] for j in loops], fn, source, bound, loops[0][3].ranges,
+                         [j[1].equation.output for j in loops],
+                         [str(jobs[j[0]][0]) for j in loops])]
 
-    def _fused_kernel(self, loops: list, key: tuple):
+    def _fused_kernel(self, plans: list, ranges: list, key: tuple):
         """(function, source) of the fused loop nest, or False when the statements cannot
         share one."""
-        if not fused.fusable([j[4] for j in loops], [j[6].ranges for j in loops]):
+        if not fused.fusable(plans, ranges):
             return False
         entry = self._fused.get(key)
         if entry is None:
-            source = fused.render([j[4] for j in loops])
+            source = fused.render(plans)
             entry = self._fused[key] = (jit.load(source, "cpu", signature=repr(key)), source)
         return entry
 

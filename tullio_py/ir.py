@@ -305,14 +305,22 @@ class Equation:
 
     def accesses(self) -> list[Access]:
         """Every array read on the right, in order (gathers' index arrays not included)."""
-        return [n for n in walk(self.rhs) if isinstance(n, Access)]
+        return list(self._accesses)
 
     def gathers(self) -> list[Gather]:
+        return list(self._gathers)
+
+    @cached_property   # every call asks for these: walked once per equation
+    def _accesses(self) -> tuple[Access, ...]:
+        return tuple(n for n in walk(self.rhs) if isinstance(n, Access))
+
+    @cached_property
+    def _gathers(self) -> tuple[Gather, ...]:
         out = []
-        for acc in [self.lhs] + self.accesses():
+        for acc in (self.lhs, *self._accesses):
             for s in acc.indices:
                 out += slot_gathers(s)
-        return out
+        return tuple(out)
 
     @cached_property   # the equation is frozen: computed once
     def lhs_indices(self) -> tuple[str, ...]:

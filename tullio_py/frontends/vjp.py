@@ -22,10 +22,25 @@ def subset_kernel(kernel, needs):
     return make(kernel.text, **options, nograd=others)
 
 
+_READS: dict = {}
+
+
 def reads(kernel, needs, complex_mode: bool = False) -> tuple[set[str], bool]:
-    """(arrays and parameters the gradients of `needs` read, whether they read the output)."""
+    """(arrays and parameters the gradients of `needs` read, whether they read the output).
+    Asked on every differentiable forward call: remembered per kernel and arguments."""
     if not needs:
         return set(), False
+    key = (id(kernel), frozenset(needs), complex_mode)
+    hit = _READS.get(key)
+    if hit is None or hit[0] is not kernel:      # (the kernel is kept: its id stays its own)
+        if len(_READS) >= 256:
+            _READS.clear()
+        hit = _READS[key] = (kernel, _reads(kernel, needs, complex_mode))
+    keep, out = hit[1]
+    return set(keep), out
+
+
+def _reads(kernel, needs, complex_mode: bool) -> tuple[set[str], bool]:
     eq = kernel.equation
     try:
         from .. import grad
