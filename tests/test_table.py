@@ -351,3 +351,20 @@ def test_summation_warning_names_the_term():
     from tullio_py import SummationWarning, tullio
     with pytest.warns(SummationWarning, match=r"a\[i\]|\ba\b"):
         tullio("u[i] := a[i] + B[i,j]", a=np.ones(3), B=np.ones((3, 4)), target="python")
+
+
+@pytest.mark.parametrize("target", ["cpu", "python"])
+def test_empty_ranges_keep_the_other_extents(target):
+    """An empty range empties only the positions it indexes: a sum over nothing is the
+    reduction's identity, as in np.einsum."""
+    from tullio_py import tullio
+    A = np.ones((3, 0))
+    assert tullio("y[i,j] := A[i,j]", A=A, target=target).shape == (3, 0)
+    np.testing.assert_array_equal(tullio("y[i] := A[i,j]", A=A, target=target),
+                                  np.einsum("ij->i", A))
+    np.testing.assert_array_equal(tullio("(max) y[i] := A[i,j]", A=A, target=target),
+                                  np.full(3, -np.inf))
+    C = tullio("C[i,k] := A[i,j] * B[j,k]", A=np.ones((2, 0)), B=np.ones((0, 4)), target=target)
+    np.testing.assert_array_equal(C, np.zeros((2, 4)))
+    assert tullio("y[i,b] := x[i+k,b] * w[k]", x=np.ones((5, 0)), w=np.ones(2),
+                  target=target).shape == (4, 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import RangeError
-from .ir import Access, Affine, Equation, Gather, Wrapped
+from .ir import Access, Affine, Equation, Gather, Wrapped, slot_names
 
 
 @dataclass(frozen=True)
@@ -207,9 +207,11 @@ def output_shape(eq: Equation, ranges: dict[str, range],
     """Shape of a new (`:=`) output: each position's largest value + 1; must start at 0."""
     extrema = extrema or {}
     iv = {n: (r.start, r.stop) for n, r in ranges.items()}
-    empty = any(len(r) == 0 for n, r in ranges.items() if n in eq.indices)
     shape = []
     for slot in eq.lhs.indices:
+        # a position whose own indices have an empty range has no elements (an empty range
+        # elsewhere, e.g. a reduction over nothing, leaves the other extents as they are)
+        empty = any(len(ranges[n]) == 0 for n in slot_names(slot) if n in ranges)
         if isinstance(slot, Gather):
             jlo, jhi = extrema.get(slot.array, (0, -1))
             off = affine_bounds(slot.offset, iv)
