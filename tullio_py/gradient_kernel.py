@@ -314,7 +314,7 @@ class Gradient:
             if isinstance(f, Access) and f.array == cot:
                 for d, s in enumerate(f.indices):
                     if (isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
-                            and red & set(s.names)):
+                            and (e.assign in ("+=", "-=") or red & set(s.names))):
                         lhs = fwd.equation.lhs.indices[d]
                         if isinstance(lhs, Affine) and lhs.is_bare and lhs.names[0] not in fwd.given:
                             guarded.add((lhs.names[0], s.inner))
@@ -376,11 +376,13 @@ def _drop_redundant(eq: Equation, shapes: dict, call_ranges: dict) -> Equation:
     keep = []
     pad_guards = {}
     red = set(eq.reduction_indices)
+    # (under += / -= a pad read over left indices alone guards too: schedule.find_guards)
+    accumulates = eq.assign in ("+=", "-=")
     for f in factors:
         if isinstance(f, Access):
             pads = [(d, s) for d, s in enumerate(f.indices) if isinstance(s, Wrapped)]
-            if pads and all(s.kind == "pad" and isinstance(s.inner, Affine) and red & set(s.names)
-                            for _, s in pads):
+            if pads and all(s.kind == "pad" and isinstance(s.inner, Affine)
+                            and (accumulates or red & set(s.names)) for _, s in pads):
                 for d, s in pads:
                     pad_guards[Affine(s.inner.terms)] = (-s.inner.const,
                                                          shapes[f.array][d] - s.inner.const)
