@@ -191,15 +191,8 @@ class Gradient:
             args = [rng[a[7:]].start if a.startswith("_start_") else
                     rng[a[6:]].stop if a.startswith("_stop_") else
                     params[a] if a in params else named[a] for a in source.args]
-            n = schedule.thread_count(self.fwd.threads, jit.max_threads())
-            if source.parallel and n is not None:
-                jit.set_threads(n)
-                try:
-                    fn(*args)
-                finally:
-                    jit.set_threads(None)
-            else:
-                fn(*args)
+            jit.call(fn, args, source.parallel,
+                     schedule.thread_count(self.fwd.threads, jit.max_threads()))
             for text in texts:
                 record[text] = ("fused", source)
 

@@ -111,6 +111,18 @@ def set_threads(n: int | None):
     numba.set_num_threads(n or numba.config.NUMBA_NUM_THREADS)
 
 
+def call(fn, args, parallel: bool, n: int | None):
+    """fn(*args) on n threads (None: numba's setting) when it was compiled parallel."""
+    if parallel and n is not None:
+        set_threads(n)
+        try:
+            fn(*args)
+        finally:
+            set_threads(None)
+    else:
+        fn(*args)
+
+
 def max_threads() -> int:
     import numba
     return numba.config.NUMBA_NUM_THREADS

@@ -333,15 +333,8 @@ class Kernel:
 
     def _launch(self, prepared, args):
         """Call the compiled function on the thread count the `threads` option asks for."""
-        n = schedule.thread_count(self.threads, jit.max_threads())
-        if prepared.source.parallel and n is not None:
-            jit.set_threads(n)
-            try:
-                prepared.fn(*args)
-            finally:
-                jit.set_threads(None)
-        else:
-            prepared.fn(*args)
+        jit.call(prepared.fn, args, prepared.source.parallel,
+                 schedule.thread_count(self.threads, jit.max_threads()))
 
     def _needs_fill(self) -> bool:
         """A new output must be filled first: some elements may not be written (diagonals,

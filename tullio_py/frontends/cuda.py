@@ -104,6 +104,18 @@ def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
     return prepared, call_ranges, extra
 
 
+def gather_extrema(eq, arrays: dict) -> dict:
+    """{index array: (min, max)} of the gathers' index arrays (host or device arrays; a device
+    array is copied to the host for this)."""
+    extrema = {}
+    for g in eq.gathers():
+        a = arrays.get(g.array)
+        if a is not None and g.array not in extrema and int(np.prod(a.shape)):
+            J = a.copy_to_host() if hasattr(a, "copy_to_host") else np.asarray(a)
+            extrema[g.array] = (int(J.min()), int(J.max()))
+    return extrema
+
+
 def check(kernel, shapes_dtypes: dict, params: dict, extrema: dict):
     """The CPU call's checks on placeholders: (checked arrays, ranges, out dtype, out shape)."""
     from ..kernel import result_dtype
@@ -169,11 +181,7 @@ def call(kernel, arrays: dict):
     if on_gpu:
         libs = {_library(arrays[n]) for n in on_gpu}
         lib = "torch" if "torch" in libs else "cupy" if "cupy" in libs else "numba"
-    extrema = {}
-    for g in eq.gathers():
-        if g.array in dev and g.array not in extrema and int(np.prod(dev[g.array].shape)):
-            J = host[g.array] if host_mode else dev[g.array].copy_to_host()
-            extrema[g.array] = (int(J.min()), int(J.max()))
+    extrema = gather_extrema(eq, host if host_mode else dev)
     checked, rng, dtype, out_shape = check(
         kernel, {n: (d.shape, d.dtype) for n, d in dev.items()}, params, extrema)
     ref = arrays[on_gpu[0]] if on_gpu else None
@@ -282,8 +290,7 @@ def ptx(kernel, arrays: dict, cc=(9, 0)) -> tuple[codegen_cuda.CudaSource, dict]
     eq = kernel.equation
     params = {n: arrays[n] for n in eq.params if n in arrays}
     host = {n: np.asarray(v) for n, v in arrays.items() if n not in params}
-    extrema = {g.array: (int(host[g.array].min()), int(host[g.array].max()))
-               for g in eq.gathers() if g.array in host and host[g.array].size}
+    extrema = gather_extrema(eq, host)
     checked, rng, dtype, out_shape = check(
         kernel, {n: (a.shape, a.dtype) for n, a in host.items()}, params, extrema)
     prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)

@@ -41,11 +41,7 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
     cot = dev.pop("cotangent")
     ref = cotangent if not host_mode else None
     lib = "numba" if host_mode else dev_mod._library(cotangent)
-    extrema = {}
-    for g in eq.gathers():
-        if g.array in dev and g.array not in extrema and int(np.prod(dev[g.array].shape)):
-            J = dev[g.array].copy_to_host()
-            extrema[g.array] = (int(J.min()), int(J.max()))
+    extrema = dev_mod.gather_extrema(eq, dev)
     shapes = {n: (d.shape, d.dtype) for n, d in dev.items() if n != eq.output}
     if eq.assign != ":=":
         shapes[eq.output] = (cot.shape, cot.dtype)
