@@ -33,7 +33,7 @@ def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
     """Whether `plans` (with the index ranges each runs over) can run as one loop nest."""
     if len(plans) < 2:
         return False
-    base = plans[max(range(len(plans)), key=lambda k: len(plans[k].equation.lhs.indices))]
+    base = base_plan(plans)
     outputs = [p.equation.output for p in plans]
     if len(set(outputs)) != len(outputs) or base.chunked or base.collapse or base.block:
         return False
@@ -51,6 +51,7 @@ def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
 
 
 def base_plan(plans: list[Plan]) -> Plan:
+    """The plan whose loop order the fused kernel takes: the one with most left indices."""
     return plans[max(range(len(plans)), key=lambda k: len(plans[k].equation.lhs.indices))]
 
 
