@@ -315,3 +315,10 @@ def test_max_of_complex_is_an_argument_error_and_real_output_works():
     m = np.zeros(())
     tullio("(max) m = abs(z[i])", z=z, m=m)
     assert m == 3.0
+
+
+@pytest.mark.parametrize("option", ["grad", "blas", "fuse"])
+def test_switch_options_must_be_bools(option):
+    from tullio_py import kernel
+    with pytest.raises(ArgumentError, match=f"{option} must be True or False"):
+        kernel("C[i] := A[i]", **{option: "no"})

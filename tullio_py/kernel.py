@@ -120,6 +120,9 @@ class Kernel:
             raise ArgumentError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
         if not (isinstance(threads, bool) or (isinstance(threads, int) and threads >= 1)):
             raise ArgumentError(f"threads must be True, False or a positive int, not {threads!r}")
+        for name, value in (("grad", grad), ("blas", blas), ("fuse", fuse)):
+            if not isinstance(value, bool):
+                raise ArgumentError(f"{name} must be True or False, not {value!r}")
         self.text = expr
         self.options = dict(threads=threads, target=target, grad=grad, nograd=tuple(nograd),
                             ranges=ranges, fastmath=fastmath, verbose=verbose, pad=pad,
