@@ -300,14 +300,13 @@ class Gradient:
         fwd = self.fwd
         if fwd.equation.assign != ":=":
             return e
-        red = set(e.reduction_indices)
         cot = "d" + fwd.equation.output
+        guarding = schedule.find_guards(e, 0)[1]    # the reads the loops are clipped by
         guarded = set()
         for f in schedule.top_factors(e.rhs):
-            if isinstance(f, Access) and f.array == cot:
+            if isinstance(f, Access) and f.array == cot and str(f) in guarding:
                 for d, s in enumerate(f.indices):
-                    if (isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
-                            and (e.assign in ("+=", "-=") or red & set(s.names))):
+                    if isinstance(s, Wrapped):
                         lhs = fwd.equation.lhs.indices[d]
                         if isinstance(lhs, Affine) and lhs.is_bare and lhs.names[0] not in fwd.given:
                             guarded.add((lhs.names[0], s.inner))
@@ -363,20 +362,16 @@ def _rebuild(factors):
 
 def _drop_redundant(eq: Equation, shapes: dict, call_ranges: dict) -> Equation:
     """Remove top-level masks that the iteration satisfies anyway: by the ranges alone, or
-    because a top-level pad read over a reduction index guards the same expression more
-    tightly."""
+    because a top-level pad read that the loops are clipped by (schedule.find_guards) guards
+    the same expression at least as tightly."""
     factors = schedule.top_factors(eq.rhs)
     keep = []
     pad_guards = {}
-    red = set(eq.reduction_indices)
-    # (under += / -= a pad read over left indices alone guards too: schedule.find_guards)
-    accumulates = eq.assign in ("+=", "-=")
+    guarding = schedule.find_guards(eq, 0)[1]
     for f in factors:
-        if isinstance(f, Access):
-            pads = [(d, s) for d, s in enumerate(f.indices) if isinstance(s, Wrapped)]
-            if pads and all(s.kind == "pad" and isinstance(s.inner, Affine)
-                            and (accumulates or red & set(s.names)) for _, s in pads):
-                for d, s in pads:
+        if isinstance(f, Access) and str(f) in guarding:
+            for d, s in enumerate(f.indices):
+                if isinstance(s, Wrapped):
                     pad_guards[Affine(s.inner.terms)] = (-s.inner.const,
                                                          shapes[f.array][d] - s.inner.const)
     for f in factors:
