@@ -30,6 +30,15 @@ class Source:
     fastmath: object     # True, False, or a tuple of LLVM fast-math flags
 
 
+def range_argument(name: str, ranges: dict):
+    """The value of a generated `_start_<v>` / `_stop_<v>` argument; None for other names."""
+    if name.startswith("_start_"):
+        return ranges[name[7:]].start
+    if name.startswith("_stop_"):
+        return ranges[name[6:]].stop
+    return None
+
+
 def identity_code(reducer: str, dtype: np.dtype) -> str:
     if reducer == "+":
         return "_T(0)"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import fused, grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
+from . import codegen, fused, grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
 from .errors import GradientError, RangeError, SummationWarning
 from .frontends.cuda import wants_cuda
 from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)
@@ -52,7 +52,7 @@ class _CallState:
     helpers: list               # (statement, Kernel)
     grads: list                 # (input, gradient dtype, [(statement, Kernel, ranges)])
     gathers: bool               # index arrays: checked again on every call
-    fused: dict                 # compile keys of the statements -> fused (fn, source) or False
+    steps: list                 # how the statements run (Gradient._steps), filled on first use
 
 
 class Gradient:
@@ -169,16 +169,15 @@ class Gradient:
                       **{dn: shapes[n] for n, dn in d.gradient_names}}
         return _CallState(d, rng, self._params(d, rng), all_shapes,
                           self._reads(d, eq.output), [(h, self._kernel(h)) for h in d.helpers],
-                          grads, bool(eq.gathers()), {})
+                          grads, bool(eq.gathers()), [])
 
     def _run_jobs(self, jobs: list, params: dict, record: dict, st: "_CallState"):
         """Run the gradient statements; those that share their loops run as one fused kernel
         (fused.py) unless the forward kernel has fuse=False.  Which statements run how is
         decided on the first call of a signature and replayed after."""
-        steps = st.fused.get("steps")
-        if steps is None:
-            steps = st.fused["steps"] = self._steps(jobs, st)
-        for step in steps:
+        if not st.steps:
+            st.steps.extend(self._steps(jobs))
+        for step in st.steps:
             if step[0] == "own":
                 g, gk, arrays, grng, out = jobs[step[1]]
                 record[step[2]] = _run(gk, arrays, grng, out, params)
@@ -188,15 +187,14 @@ class Gradient:
             for k, name in zip(members, outputs):
                 named.update(jobs[k][2])
                 named[name] = jobs[k][4]
-            args = [rng[a[7:]].start if a.startswith("_start_") else
-                    rng[a[6:]].stop if a.startswith("_stop_") else
+            args = [codegen.range_argument(a, rng) if a.startswith(("_start_", "_stop_")) else
                     params[a] if a in params else named[a] for a in source.args]
             jit.call(fn, args, source.parallel,
                      schedule.thread_count(self.fwd.threads, jit.max_threads()))
             for text in texts:
                 record[text] = ("fused", source)
 
-    def _steps(self, jobs: list, st: "_CallState") -> list:
+    def _steps(self, jobs: list) -> list:
         """("own", job, text) per statement run alone (its kernel, or BLAS), and one
         ("fused", jobs, fn, source, bound parameters, ranges, outputs, texts) for those that
         share a loop nest."""

@@ -405,10 +405,8 @@ class Kernel:
             elif name.startswith("_old_"):
                 old = out.copy()
                 args.append(old.reshape(1) if old.ndim == 0 else old)
-            elif name.startswith("_start_"):
-                args.append(call_ranges[name[7:]].start)
-            elif name.startswith("_stop_"):
-                args.append(call_ranges[name[6:]].stop)
+            elif name.startswith(("_start_", "_stop_")):
+                args.append(codegen.range_argument(name, call_ranges))
             elif name in extra_params:
                 args.append(extra_params[name])
             else:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import codegen_cuda, jit, ranges as ranges_mod, rewrite, schedule
+from .. import codegen, codegen_cuda, jit, ranges as ranges_mod, rewrite, schedule
 from ..errors import ArgumentError
 
 
@@ -58,6 +58,11 @@ def _as_numba(v):
     if type(v).__module__.startswith("torch"):
         v = v.detach()
     return cuda.as_cuda_array(v)
+
+
+def host_scalar(v):
+    """The value of a one-element array in GPU memory, as a numpy scalar of its dtype."""
+    return np.asarray(_as_numba(v).copy_to_host()).reshape(())[()]
 
 
 def _ghost(shape, dtype) -> np.ndarray:
@@ -138,10 +143,8 @@ def arguments(prepared: Prepared, eq, values: dict, call_ranges: dict, extra: di
     "_old_<out>", "_red") to what is passed."""
     args = []
     for name in prepared.source.args:
-        if name.startswith("_start_"):
-            args.append(call_ranges[name[7:]].start)
-        elif name.startswith("_stop_"):
-            args.append(call_ranges[name[6:]].stop)
+        if name.startswith(("_start_", "_stop_")):
+            args.append(codegen.range_argument(name, call_ranges))
         elif name in extra:
             args.append(extra[name])
         else:
@@ -157,8 +160,7 @@ def call(kernel, arrays: dict):
     for n in eq.params:
         if n in arrays:
             v = arrays[n]
-            params[n] = np.asarray(_as_numba(v).copy_to_host()).reshape(()).item() \
-                if on_device(v) else v
+            params[n] = host_scalar(v).item() if on_device(v) else v
     names = [n for n in arrays if n not in params]
     on_gpu = [n for n in names if on_device(arrays[n])]
     on_host = [n for n in names if n not in on_gpu and not isinstance(arrays[n], (int, float, complex))]

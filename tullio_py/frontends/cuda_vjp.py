@@ -23,8 +23,7 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
     k = gradient.fwd
     eq = k.equation
     out_value = arrays.pop(eq.output, None)
-    params = {n: (np.asarray(dev_mod._as_numba(v).copy_to_host()).reshape(()).item()
-                  if dev_mod.on_device(v) else v)
+    params = {n: dev_mod.host_scalar(v).item() if dev_mod.on_device(v) else v
               for n, v in arrays.items() if n in eq.params}
     given = {n: v for n, v in arrays.items() if n not in params}
     if out_value is not None:
@@ -57,7 +56,7 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
     gparams = gradient._params(d, rng)
     ns = {n: v for n, v in dev.items() if n != eq.output or eq.output in eq.arrays}
     # a scalar output's cotangent is a scalar parameter of the gradient statements
-    ns[d.cotangent] = np.asarray(cot.copy_to_host()).reshape(())[()] if not cot.shape else cot
+    ns[d.cotangent] = dev_mod.host_scalar(cot) if not cot.shape else cot
     if gradient._reads(d, eq.output) and eq.output not in ns:
         if eq.output in dev:
             ns[eq.output] = dev[eq.output]
@@ -103,7 +102,7 @@ def _run(gk, ns: dict, params: dict, gparams: dict, rng: dict, out, stream):
                for n in eq.params}
     for n, v in scalars.items():        # a scalar helper result (`M_arg` of a (max) M :=)
         if hasattr(v, "copy_to_host"):
-            scalars[n] = np.asarray(v.copy_to_host()).reshape(())[()]
+            scalars[n] = dev_mod.host_scalar(v)
     checked = {**ghosts, **scalars, eq.output: dev_mod._ghost(out.shape, out.dtype)}
     prepared, call_ranges, extra = dev_mod.prepare(gk, checked, rng, np.dtype(out.dtype),
                                                    tuple(out.shape))
