@@ -30,6 +30,11 @@ class Source:
     fastmath: object     # True, False, or a tuple of LLVM fast-math flags
 
 
+# LLVM fast-math flags of float sums: reassociation (so reductions vectorise), contraction
+# into FMA, no signed zeros -- no NaN/inf assumptions.
+SUM_FASTMATH = ("contract", "nsz", "reassoc")
+
+
 def range_argument(name: str, ranges: dict):
     """The value of a generated `_start_<v>` / `_stop_<v>` argument; None for other names."""
     if name.startswith("_start_"):
@@ -234,7 +239,7 @@ class _Render:
         # flags; no NaN/inf assumptions), so the compiler can vectorise the reduction.  The order
         # is still fixed by the compiled code, the same for every thread count.  dW of the
         # local convolution: 2.7 -> 2.1 ms.  `fastmath=True` turns on every flag.
-        fastmath = plan.fastmath or (("contract", "nsz", "reassoc") if eq.reducer == "+" and
+        fastmath = plan.fastmath or (SUM_FASTMATH if eq.reducer == "+" and
                                      self.dtype.kind in "fc" else False)
         return Source("\n".join(lines) + "\n", name, args,
                       any(l.parallel for l in plan.loops) or plan.chunked is not None,
