@@ -20,7 +20,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
                 allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_table import IDS, TABLE, _assert_same, _expected  # noqa: E402
+from test_table import IDS, TABLE, _assert_same, _differentiable, _expected  # noqa: E402
 
 from numba import cuda  # noqa: E402
 from tullio_py import TullioError, kernel, tullio  # noqa: E402
@@ -54,10 +54,10 @@ def test_forward_table(n):
 
 def _gradient_case(n):
     """(arrays, cotangent, CPU vjp, gradient equations) of entry n, or None if it has none."""
-    t = TABLE[n]
-    arrays, expected, ranges, eq = _expected(n)
-    if eq.assign != ":=" or t.opts.get("ranges") or expected.dtype.kind != "f":
+    entry = _differentiable(n)
+    if entry is None:
         return None
+    t, arrays, expected, eq = entry
     k = kernel(t.expr, **{**t.opts, "target": "python"})
     dout = np.random.default_rng(n).standard_normal(expected.shape).astype(expected.dtype)
     try:

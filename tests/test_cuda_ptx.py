@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.skipif(
     pytest.mark.filterwarnings("ignore::UserWarning")]
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_table import IDS, TABLE, _expected  # noqa: E402
+from test_table import IDS, TABLE, _differentiable, _expected  # noqa: E402
 
 from tullio_py import TullioError, kernel  # noqa: E402
 
@@ -47,10 +47,10 @@ def test_forward_compiles_to_ptx(n):
 
 
 def _gradient_inputs(n):
-    t = TABLE[n]
-    arrays, expected, ranges, eq = _expected(n)
-    if eq.assign != ":=" or t.opts.get("ranges") or expected.dtype.kind != "f":
+    entry = _differentiable(n)
+    if entry is None:
         return None
+    t, arrays, expected, eq = entry
     k = kernel(t.expr, **{**t.opts, "target": "python"})
     dout = np.ones(expected.shape, expected.dtype)
     try:

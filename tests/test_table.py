@@ -287,6 +287,16 @@ def _expected(n):
     return _CACHE[n]
 
 
+def _differentiable(n):
+    """(entry, arrays, expected, equation) of an entry whose vjp the other targets are checked
+    against (a new float result, without ranges=), or None."""
+    t = TABLE[n]
+    arrays, expected, ranges, eq = _expected(n)
+    if eq.assign != ":=" or t.opts.get("ranges") or expected.dtype.kind != "f":
+        return None
+    return t, arrays, expected, eq
+
+
 def _assert_same(got, want, dtype_exact=True):
     if dtype_exact:
         assert got.dtype == want.dtype, f"dtype {got.dtype}, expected {want.dtype}"
