@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import overlap
+
 _ND = np.ndarray
 _SCALARS = (int, float, complex, bool)
 _MAX_ENTRIES = 256      # distinct keys remembered per kernel; past that, start again
@@ -86,7 +88,9 @@ class CallCache:
     def remember(self, kernel, given: dict, collected: dict, prepared, args, out, fill: bool):
         """After a full call: record how `args` were made from the arrays in `given`.  Every
         argument is the output, its snapshot, an input as passed, or a constant that the key
-        determines (loop bounds); anything else and the call is simply not remembered."""
+        determines (loop bounds); anything else (an input replaced by its snapshot) and the
+        call is simply not remembered.  An in-place replay first checks that no input's
+        memory bounds meet the output's, else it hands the call back to the full path."""
         try:
             key = self.key(given)
         except Exception:          # an odd object under an array's name: slow path decides
@@ -114,6 +118,10 @@ class CallCache:
         body = [f"def _entry({', '.join(var[n] for n in self.names)}):"]
         if self.in_place:
             body.append(f"    _out = {var[self.output]}")
+            reads = [var[n] for n in self.names if n != self.output and n not in self.params]
+            if reads:       # an input that may alias the output: the full path snapshots it
+                body += [f"    if _overlap(_out, ({''.join(r + ', ' for r in reads)})):",
+                         "        return None"]
         elif fill:
             body.append("    _out = _full(_shape, _pad, _dtype)")
         else:
@@ -130,7 +138,7 @@ class CallCache:
         body.append("    return _out")
         ns = {"_full": np.full, "_empty": np.empty, "_shape": out.shape, "_dtype": out.dtype,
               "_pad": kernel.pad, "_k": kernel, "_prepared": prepared, "_fn": prepared.fn,
-              "_set": jit.set_threads, "_n": n,
+              "_set": jit.set_threads, "_n": n, "_overlap": overlap.bounds_meet,
               **consts}
         exec("\n".join(body), ns)
         if len(self.entries) >= _MAX_ENTRIES:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import blas as _blas
-from . import callpath, codegen, jit, ranges as ranges_mod, rewrite, schedule
+from . import callpath, codegen, jit, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
 from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, IndexValue,
@@ -288,7 +288,8 @@ class Kernel:
             return _cuda.call(self, arrays)
         given = arrays
         eq = self.equation
-        arrays = self._collect(arrays)
+        collected = self._collect(arrays)
+        arrays = overlap.snapshot_aliases(eq, collected)   # inputs aliasing an in-place output
         shapes = {n: a.shape for n, a in arrays.items() if isinstance(a, np.ndarray)}
         ext = self._extrema(arrays)
         self._check_gathers(arrays, ext)
@@ -312,7 +313,7 @@ class Kernel:
         args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
         self._launch(prepared, args)
         self._last = prepared
-        self._calls.remember(self, given, arrays, prepared, args, out,
+        self._calls.remember(self, given, collected, prepared, args, out,
                              eq.assign == ":=" and self._needs_fill())
         return out
 

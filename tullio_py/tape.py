@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import overlap
 from .errors import ArgumentError, OverwriteError, OverwriteWarning
 from .ir import Affine, Gather
 
@@ -58,6 +59,29 @@ def _as_numpy(a):
 
 def _copy(a):
     return a.detach().clone() if _is_torch(a) else np.array(a, copy=True)
+
+
+def _shares(a, b) -> bool:
+    """Whether two arrays (numpy, or torch tensors) share the memory of an element."""
+    if a is b:
+        return True
+    if _is_torch(a) or _is_torch(b):
+        devices = {x.device.type if _is_torch(x) else "cpu" for x in (a, b)}
+        if devices != {"cpu"}:
+            return (len(devices) == 1 and "cpu" not in devices and _is_torch(a) and _is_torch(b)
+                    and a.device == b.device and overlap.device_overlaps(a.detach(), b.detach()))
+        a, b = _memory(a), _memory(b)
+    return overlap.overlaps(np.asarray(a), np.asarray(b))
+
+
+def _memory(a):
+    """A numpy view of a CPU tensor's memory (a lazily conjugated tensor's, without the bit)."""
+    if not _is_torch(a):
+        return a
+    t = a.detach()
+    if t.is_conj():
+        t = t.conj()          # the same memory, the bit cleared
+    return t.resolve_neg().numpy()
 
 
 def _fingerprint(a):
@@ -135,8 +159,6 @@ class Tape:
         token = _CURRENT.set(None)          # the call itself (and its frontends) is not recorded
         try:
             out_obj = arrays.get(eq.output)
-            if eq.assign != ":=" and out_obj is not None:
-                self._before_write(out_obj, kernel, arrays)
             index = len(self.records)
             names = [n for n in eq.arrays if n in arrays and not np.isscalar(arrays[n])]
             if eq.assign == "*=" and eq.output not in names:
@@ -146,9 +168,16 @@ class Tape:
                 self._arrays[id(a)] = a
                 if (index, n) not in self._slots:
                     self._slots[(index, n)] = _Slot(a, True, _fingerprint(a))
-            for n in eq.arrays:                       # a read makes earlier writes live
-                if n in arrays:
-                    self._unread.pop(id(arrays[n]), None)
+            if eq.assign != ":=" and out_obj is not None:
+                # after this statement's own slots exist: an input that is the output's memory
+                # under another name (the same array, a view) keeps its value from before
+                self._before_write(out_obj, kernel, arrays)
+            for n in names:                           # a read makes earlier writes live,
+                if n in eq.arrays:                    # also through a view of their memory
+                    a = arrays[n]
+                    for key in [k for k in self._unread
+                                if k == id(a) or _shares(self._arrays[k], a)]:
+                        del self._unread[key]
             result = kernel(**arrays)
         finally:
             _CURRENT.reset(token)
@@ -164,17 +193,20 @@ class Tape:
         return result
 
     def _before_write(self, target, kernel, arrays):
-        """`target` is about to be overwritten: every slot holding it live gets a copy."""
-        saved = None
+        """`target` is about to be overwritten: every slot holding it live, or an array that
+        shares its memory (a view, a slice that overlaps it), gets a copy."""
+        copies: dict = {}
         for key, slot in self._slots.items():
-            if slot.live and slot.value is target:
+            if slot.live and _shares(slot.value, target):
+                saved = copies.get(id(slot.value))
                 if saved is None:
-                    saved = _copy(target)
+                    saved = copies[id(slot.value)] = _copy(slot.value)
                     self.saved_bytes += _nbytes(saved)
                 self._slots[key] = _Slot(saved, False)
         eq = kernel.equation
         if eq.output in eq.arrays or eq.assign == "*=":   # needs its own old value
             index = len(self.records)
+            saved = copies.get(id(target))
             if saved is None:
                 saved = _copy(target)
                 self.saved_bytes += _nbytes(saved)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import codegen, codegen_cuda, jit, ranges as ranges_mod, rewrite, schedule
+from .. import codegen, codegen_cuda, jit, overlap, ranges as ranges_mod, rewrite, schedule
 from ..errors import ArgumentError
 
 
@@ -198,6 +198,10 @@ def call(kernel, arrays: dict):
     values[eq.output] = _one_d(out)
     if prepared.snapshot:
         values["_old_" + eq.output] = _one_d(_copy(out))
+    if eq.assign != ":=" and not host_mode:     # an input in the output's memory: its snapshot
+        for n in eq.arrays:
+            if n != eq.output and n in dev and overlap.device_overlaps(dev[n], out):
+                values[n] = _one_d(_copy(dev[n]))
     _launch(kernel, prepared, values, call_ranges, extra, _stream(lib, ref))
     kernel._last = prepared
     if host_mode:
