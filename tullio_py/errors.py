@@ -60,3 +60,7 @@ def format_message(rule: str, text: str | None, span: tuple[int, int] | None,
     if hint:
         parts.append(f"Hint: {hint}")
     return "\n".join(parts)
+
+
+class LoweringError(TullioError):
+    """A statement cannot be split into blocks for a dask array (frontends/dask.py)."""

@@ -281,6 +281,8 @@ class Kernel:
         if torch is not None and any(isinstance(v, torch.Tensor) for v in arrays.values()):
             from .frontends import torch as torch_frontend   # which consults the Tape itself
             return torch_frontend.call(self, arrays)        # (torch.compile cannot trace it)
+        if "dask.array" in sys.modules and _dask_frontend().wants(arrays):
+            return _dask_frontend().call(self, arrays)     # a lazy graph of blocks
         tape = _tape.current()              # inside `with Tape()`: record, then run untaped
         if tape is not None:
             return tape.run(self, arrays)
@@ -444,6 +446,8 @@ class Kernel:
 
     def vjp(self, cotangent, **arrays) -> dict:
         """{input: gradient of sum(out * cotangent)}; pass the output too to skip recomputing it."""
+        if "dask.array" in sys.modules and _dask_frontend().wants({**arrays, "": cotangent}):
+            return _dask_frontend().vjp(self, cotangent, arrays)
         return self._gradient().vjp(cotangent, **arrays)
 
     @property
@@ -459,6 +463,11 @@ class Kernel:
         return f"kernel({self.text!r})"
 
 
+
+
+def _dask_frontend():
+    from .frontends import dask
+    return dask
 
 
 def _covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bool:
