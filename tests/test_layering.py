@@ -14,6 +14,7 @@ STAGE = {
     "errors": 0, "cache": 0, "overlap": 0, "ir": 1, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
     "grad": 4, "blas": 4, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
     "gradient_kernel": 9, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
+    "frontends.dask_graph": 11.2, "frontends.dask": 11.5,
     "frontends.torch": 12, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,
 }
 # Deliberate late (function-level) imports of a later stage, each with its reason.
@@ -23,6 +24,7 @@ LATE_IMPORTS_ALLOWED = {
     ("frontends.cuda", "kernel"): "shares the dtype rule and snapshot helpers of the CPU call path",
     ("kernel", "frontends.torch"): "torch tensors are handed to their frontend, imported only then",
     ("kernel", "frontends.cuda"): "CUDA arrays are handed to their frontend",
+    ("kernel", "frontends.dask"): "dask arrays are handed to their frontend, imported only then",
     ("kernel", "gradient_kernel"): "Kernel.vjp delegates to the gradient side, built on first use",
     ("jit", "__init__"): "reads __version__ for the cache key",
     ("cache", "__init__"): "reads __version__ for the cache key",
@@ -32,7 +34,9 @@ LATE_IMPORTS_ALLOWED = {
     ("frontends.torch", "frontends.cuda"): "CUDA tensors go to the CUDA frontend",
 }
 HEAVY = {"sympy": {"grad"}, "torch": {"frontends.torch", "frontends.torch_ops", "nn"},
-         "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen_cuda"}}
+         "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen_cuda"},
+         "dask": {"frontends.dask", "frontends.dask_graph"},
+         "distributed": {"frontends.dask", "frontends.dask_graph"}}
 
 
 def modules():
@@ -97,7 +101,7 @@ def test_heavy_dependencies_are_imported_at_function_level_only():
 
 def test_import_is_light():
     code = ("import sys, tullio_py; heavy = [m for m in ('sympy', 'numba', 'torch', 'numba_cuda',"
-            " 'scipy') if m in sys.modules]; print(','.join(heavy))")
+            " 'scipy', 'dask', 'distributed') if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=PKG.parent, check=True).stdout.strip()
     assert out == "", f"import tullio_py loaded {out}"

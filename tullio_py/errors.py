@@ -32,6 +32,10 @@ class ArgumentError(TullioError):
     """Arrays or options passed to a kernel are missing, of the wrong kind, or inconsistent."""
 
 
+class LoweringError(TullioError):
+    """A statement cannot be split into blocks for a dask array (frontends/dask.py)."""
+
+
 class OverwriteError(TullioError):
     """Tape(strict=True): a recorded write was overwritten before anything read it."""
 
@@ -60,7 +64,3 @@ def format_message(rule: str, text: str | None, span: tuple[int, int] | None,
     if hint:
         parts.append(f"Hint: {hint}")
     return "\n".join(parts)
-
-
-class LoweringError(TullioError):
-    """A statement cannot be split into blocks for a dask array (frontends/dask.py)."""

@@ -27,19 +27,14 @@ from __future__ import annotations
 import itertools
 import operator
 import sys
-import threading
-import warnings
 
 import numpy as np
 
 from .. import ranges as ranges_mod, rewrite, schedule
 from ..errors import ArgumentError, LoweringError
-from ..ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue,
-                  Param, Unary, Wrapped, slot_names, walk)
+from ..ir import (Access, Affine, Binary, Call, Equation, Gather, IndexValue,
+                  Param, Wrapped, slot_names, walk)
 from . import dask_graph as graph
-
-SPLIT_EVERY = 8         # partials combined per node of the reduction tree
-
 
 def wants(arrays: dict) -> bool:
     """Whether any argument is a dask array (dask.array already imported by the caller)."""
@@ -90,7 +85,7 @@ def vjp(k, cotangent, arrays: dict) -> dict:
     ns = {n: values[n] for n in collected
           if n not in eq.params and (n != eq.output or eq.output in eq.arrays)}
     ns.update({p: collected[p] for p in eq.params})
-    ns[d.cotangent] = cot if cot.ndim else np.asarray(cot.compute())[()]
+    ns[d.cotangent] = cot if cot.ndim else _scalar(cot)
     if st.reads_output and eq.output not in ns:
         ns[eq.output] = (_wrap(out_value) if out_value is not None else
                          call(k, {n: v for n, v in call_args.items()
@@ -135,6 +130,11 @@ def _ghost(a):
     return np.lib.stride_tricks.as_strided(np.zeros(1, a.dtype), a.shape, (0,) * a.ndim)
 
 
+def _scalar(v):
+    da = _da()
+    return np.asarray(v.compute() if isinstance(v, da.Array) else v)[()]
+
+
 def _wrap(v):
     da = _da()
     return v if isinstance(v, da.Array) else da.asarray(v)
@@ -173,7 +173,12 @@ def evaluate(eq: Equation, values: dict, params: dict, rng: dict, out_shape: tup
              old, opts: dict):
     """The lazy result of one statement.  values: arrays read (dask); params: scalars; rng:
     the global index ranges; old: the output's value before an in-place statement."""
-    da = _da()
+    scalars = {a.array for a in eq.accesses() if not a.indices}   # 0-d reads: parameters
+    if scalars:
+        from dataclasses import replace
+        eq = replace(eq, rhs=graph.post_order(eq.rhs, lambda n: Param(n.array) if isinstance(n, Access)
+                                   and n.array in scalars else n))
+        params = {**params, **{n: _scalar(values.pop(n)) for n in scalars}}
     values = {n: _wrap(v) for n, v in values.items()}
     taken = set(eq.indices) | set(eq.arrays) | set(eq.params) | {eq.output} | set(params)
     fresh = _Fresh(taken)
@@ -245,19 +250,9 @@ class _Plan:
         self.chunked = set(out_idx) | set(red_idx)
 
 
-def reads(eq: Equation) -> list[tuple[str, tuple]]:
-    """(array, slots) of every read: right-hand accesses and the gathers' index arrays."""
-    out = []
-    for acc in eq.accesses():
-        out.append((acc.array, acc.indices))
-    for g in eq.gathers():
-        out.append((g.array, g.indices))
-    return list(dict.fromkeys(out))
-
-
 def _chunking(eq: Equation, values, rng, out_shape, old, dtype) -> _Plan:
     no_chunk = set()
-    for slots in [eq.lhs.indices] + [s for _, s in reads(eq)]:
+    for slots in [eq.lhs.indices] + [s for _, s in graph.reads(eq)]:
         for s in slots:
             if isinstance(s, Wrapped) and s.kind != "pad":
                 no_chunk |= set(s.names)
@@ -266,7 +261,7 @@ def _chunking(eq: Equation, values, rng, out_shape, old, dtype) -> _Plan:
                     no_chunk |= set(g.offset.names)
                 elif isinstance(g, Affine) and slots is eq.lhs.indices and not g.is_bare:
                     no_chunk |= set(g.names)
-    bracketed = {n for _, slots in reads(eq) for s in slots for n in slot_names(s)}
+    bracketed = {n for _, slots in graph.reads(eq) for s in slots for n in slot_names(s)}
     bracketed |= set(eq.lhs_indices)
     no_chunk |= set(eq.indices) - bracketed
     lhs_affine = {n for s in eq.lhs.indices if isinstance(s, Affine) for n in s.names}
@@ -277,7 +272,7 @@ def _chunking(eq: Equation, values, rng, out_shape, old, dtype) -> _Plan:
     out_idx = [n for n in eq.lhs_indices
                if n in schedule.safe_indices(eq) and n not in no_chunk and count[n] == 1]
     bare = {}
-    for a, slots in reads(eq):
+    for a, slots in graph.reads(eq):
         for d, s in enumerate(slots):
             if isinstance(s, Affine) and s.is_bare:
                 bare.setdefault(s.names[0], (a, d))
@@ -290,7 +285,7 @@ def _chunking(eq: Equation, values, rng, out_shape, old, dtype) -> _Plan:
             blocks[n] = [(c0, max(c0, r.start), max(max(c0, r.start), min(c1, r.stop)), c1 - c0)
                          for c0, c1 in bounds]
             continue
-        src = bare.get(n) or next(((a, e) for a, slots in reads(eq) for e, s in enumerate(slots)
+        src = bare.get(n) or next(((a, e) for a, slots in graph.reads(eq) for e, s in enumerate(slots)
                                    if graph.slot_affine(s) and graph.slot_affine(s)[0].coef(n) == 1),
                                   None)
         if src is not None:
@@ -349,27 +344,13 @@ def _finish_numpy(eq, R, old, dtype, opts):
 
 
 # ----------------------------------------------------------------------------- equation edits
-def _post(e, f):
-    """Rebuild an expression bottom-up, f applied to each node after its children (the nodes
-    f returns are not visited again)."""
-    if isinstance(e, Unary):
-        e = Unary(e.op, _post(e.operand, f))
-    elif isinstance(e, Binary):
-        e = Binary(e.op, _post(e.left, f), _post(e.right, f))
-    elif isinstance(e, Compare):
-        e = Compare(e.ops, tuple(_post(x, f) for x in e.operands))
-    elif isinstance(e, Call):
-        e = Call(e.func, tuple(_post(x, f) for x in e.args), e.span)
-    return f(e)
-
-
 def _rename_reads(eq: Equation, old: str, new: str) -> Equation:
     from dataclasses import replace
-    return replace(eq, rhs=_post(eq.rhs, lambda n: Access(new, n.indices, n.span)
+    return replace(eq, rhs=graph.post_order(eq.rhs, lambda n: Access(new, n.indices, n.span)
                                  if isinstance(n, Access) and n.array == old else n))
 
 
 def _map_params(eq: Equation, names: dict) -> Equation:
     from dataclasses import replace
-    return replace(eq, rhs=_post(eq.rhs, lambda n: Param(names[n.name])
+    return replace(eq, rhs=graph.post_order(eq.rhs, lambda n: Param(names[n.name])
                                  if isinstance(n, Param) and n.name in names else n))

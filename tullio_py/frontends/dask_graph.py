@@ -19,9 +19,34 @@ import numpy as np
 
 from .. import ranges as ranges_mod, rewrite, schedule
 from ..ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue,
-                  Param, Wrapped, slot_names)
+                  Param, Unary, Wrapped, slot_names)
 
 _LOCK = threading.Lock()     # compiling a block kernel: one thread at a time
+SPLIT_EVERY = 8              # partial results combined per node of the reduction tree
+
+
+def reads(eq: Equation) -> list[tuple[str, tuple]]:
+    """(array, slots) of every read: right-hand accesses and the gathers' index arrays."""
+    out = []
+    for acc in eq.accesses():
+        out.append((acc.array, acc.indices))
+    for g in eq.gathers():
+        out.append((g.array, g.indices))
+    return list(dict.fromkeys(out))
+
+
+def post_order(e, f):
+    """Rebuild an expression bottom-up, f applied to each node after its children (the nodes
+    f returns are not visited again)."""
+    if isinstance(e, Unary):
+        e = Unary(e.op, post_order(e.operand, f))
+    elif isinstance(e, Binary):
+        e = Binary(e.op, post_order(e.left, f), post_order(e.right, f))
+    elif isinstance(e, Compare):
+        e = Compare(e.ops, tuple(post_order(x, f) for x in e.operands))
+    elif isinstance(e, Call):
+        e = Call(e.func, tuple(post_order(x, f) for x in e.args), e.span)
+    return f(e)
 
 
 class BlockCall:
@@ -59,7 +84,6 @@ def slot_affine(s):
 class Blocks:
     def __init__(self, work: Equation, values, params, rng, out_shape, dtype, old, opts, plan,
                  fresh):
-        from .dask import reads
         self.eq, self.values, self.params, self.rng = work, values, params, rng
         self.out_shape, self.dtype, self.old, self.opts, self.plan = out_shape, dtype, old, opts, plan
         ch = plan.chunked
@@ -154,8 +178,7 @@ class Blocks:
                 new = Call("where", (c, new, Param(self.pad_param)))
             return new
 
-        from .dask import _post
-        rhs = _post(eq.rhs, local)
+        rhs = post_order(eq.rhs, local)
         for m in masks:
             rhs = Binary("*", rhs, m)
         lhs = Access(partial or eq.output, tuple(self._whole(s) for s in eq.lhs.indices),
@@ -183,7 +206,7 @@ class Blocks:
         params = dict(self.params)
         params.update({self.offsets[n]: origin[n][0] for n in ch})
         params[self.pad_param] = self.opts["pad"]
-        windows, args = [], []
+        windows = []
         for g in self.groups:
             src = self.values[g["src"]]
             start, stop = [], []
@@ -281,7 +304,6 @@ class Blocks:
 
     def partials(self):
         """The combined partial results R (output chunks): a tree of the reducer per block."""
-        from .dask import SPLIT_EVERY
         name = self._token("partial")
         pname = name + "-p"
         layer, deps, results, chunks = self._layer(pname, self.eq.output)
