@@ -7,7 +7,16 @@ from .errors import (ArgumentError, GradientError, LoweringError, OverwriteWarni
                      RangeError, SummationWarning, TullioError)
 from .kernel import Kernel, kernel, tullio
 from .tape import Tape
-from .cache import clear as clear_cache
+from . import cache as _cache, memo as _memo
+
+
+def clear_cache() -> None:
+    """Empty every cache tullio_py keeps: in memory (kernels, derivations, compiled functions,
+    plans and remembered calls, see memo.py) and on disk (cache.py).  Arrays and Kernel objects
+    a program still holds keep working; what they need is worked out and compiled again."""
+    _memo.clear_all()
+    _cache.clear()
+
 
 __version__ = "0.1.0"
 __all__ = ["Tape", "tullio", "kernel", "Kernel", "TullioError", "ParseError", "RangeError",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import overlap
+from . import memo, overlap
 
 _ND = np.ndarray
 _SCALARS = (int, float, complex, bool)
@@ -38,7 +38,7 @@ class CallCache:
                            + list(eq.params))
         self.gathers = tuple(dict.fromkeys(g.array for g in eq.gathers()))
         self.threads = threads
-        self.entries: dict = {}
+        self.entries = memo.Memo("callpath.entries", _MAX_ENTRIES)
         self.key = self._key_function()
         self.call = self._call_function()
 
@@ -141,6 +141,4 @@ class CallCache:
               "_set": jit.set_threads, "_n": n, "_overlap": overlap.bounds_meet,
               **consts}
         exec("\n".join(body), ns)
-        if len(self.entries) >= _MAX_ENTRIES:
-            self.entries.clear()
         self.entries[key] = ns["_entry"]

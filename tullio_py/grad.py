@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from . import memo
 from .errors import GradientError
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, IndexValue, Param, Unary,
                  Wrapped, walk)
@@ -73,7 +74,7 @@ class Derivation:
         return dict(self.grads).get(name, ())
 
 
-_CACHE: dict = {}
+_CACHE = memo.Memo("grad.derivations", 512)
 
 
 def derive(eq: Equation, nograd: tuple[str, ...] = (), complex_mode: bool = False) -> Derivation:

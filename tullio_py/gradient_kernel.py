@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import codegen, fused, grad as grad_mod, jit, ranges as ranges_mod, rewrite, schedule
+from . import codegen, fused, grad as grad_mod, jit, memo, ranges as ranges_mod, rewrite, schedule
 from .errors import GradientError, RangeError, SummationWarning
 from .frontends.cuda import wants_cuda
 from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)
@@ -60,9 +60,9 @@ class Gradient:
 
     def __init__(self, forward):
         self.fwd = forward
-        self._kernels: dict = {}
-        self._fused: dict = {}      # compile keys of the statements -> (function, source)
-        self._states: dict = {}     # call signature -> _CallState
+        self._kernels = memo.Memo("gradient.kernels", 256)   # statement -> Kernel
+        self._fused = memo.Memo("gradient.fused", 64)       # compile keys -> (function, source)
+        self._states = memo.Memo("gradient.states", 32)     # call signature -> _CallState
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
 
     # ------------------------------------------------------------------ derivation
@@ -115,8 +115,6 @@ class Gradient:
         st = self._states.get(sig)
         if st is None or st.gathers:
             st = self._state(collected, cot)
-            if len(self._states) >= 32:
-                self._states.clear()
             self._states[sig] = st
         d, rng, params = st.d, st.rng, st.params
         ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}

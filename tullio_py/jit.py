@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import sys
 
-from . import cache
+from . import cache, memo
 from .codegen import Source
 
 _HEADERS = {
     "cpu": "import numpy as _np\nfrom numba import prange as _prange\n",
     "python": "import numpy as _np\n_prange = range\n",
 }
-_LOADED: dict[str, object] = {}
+_LOADED = memo.Memo("jit.loaded", 1024)     # module text -> compiled function
 _NUMBA_OPTIONS = dict(error_model="numpy")
 
 
@@ -130,7 +130,7 @@ def max_threads() -> int:
 
 # ----------------------------------------------------------------------------- target "cuda"
 _CUDA_HEADER = "import math\nimport cmath\nimport numpy as _np\nfrom numba import cuda\n"
-_CUDA_LOADED: dict = {}
+_CUDA_LOADED = memo.Memo("jit.cuda_loaded", 256)
 
 
 def load_cuda(source) -> dict:

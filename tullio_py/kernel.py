@@ -6,7 +6,6 @@ the ranges (a few integer operations), allocate, call the compiled function posi
 """
 from __future__ import annotations
 
-import functools
 import sys
 import warnings
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import blas as _blas
-from . import callpath, codegen, jit, overlap, ranges as ranges_mod, rewrite, schedule
+from . import callpath, codegen, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
 from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, IndexValue,
@@ -25,11 +24,11 @@ from . import tape as _tape
 OPTIONS = ("threads", "target", "grad", "nograd", "ranges", "fastmath", "verbose", "pad",
            "blas", "fuse")
 TARGETS = ("auto", "cpu", "cuda", "python")
-_KERNELS: dict = {}
+_KERNELS = memo.Memo("kernel.kernels", 1024)
 
 
 # ----------------------------------------------------------------------------- helpers
-@functools.lru_cache(maxsize=1024)
+@memo.lru(maxsize=1024)
 def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool]:
     """What the result type depends on, from the statement alone: the arrays read (not index
     arrays), the constants, and whether a division or float function makes integers float."""
@@ -132,8 +131,8 @@ class Kernel:
         self._check_option_names(expr, self.equation)
         self.threads, self.target, self.pad = threads, target, pad
         self.fastmath, self.verbose = fastmath, verbose
-        self._prepared: dict = {}
-        self._plans: dict = {}
+        self._prepared = memo.Memo("kernel.compiled", 64)   # compile key -> Prepared
+        self._plans = memo.Memo("kernel.plans", 64)         # call signature -> plan
         self._lowered = None
         self._last: Prepared | None = None
         self._calls = callpath.CallCache(self.equation, threads)   # the fast call path
@@ -370,8 +369,6 @@ class Kernel:
                                         for n, a in arrays.items()))
         hit = self._plans.get(memo)
         if hit is None:
-            if len(self._plans) >= 64:
-                self._plans.clear()
             hit = self._plans[memo] = self._plan_for(arrays, rng, dtype, out_shape)
         return hit
 

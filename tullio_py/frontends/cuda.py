@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import codegen, codegen_cuda, jit, overlap, ranges as ranges_mod, rewrite, schedule
+from .. import codegen, codegen_cuda, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from ..errors import ArgumentError
 
 
@@ -320,4 +320,4 @@ def ptx(kernel, arrays: dict, cc=(9, 0)) -> tuple[codegen_cuda.CudaSource, dict]
     return src, out
 
 
-_PTX: dict = {}
+_PTX = memo.Memo("cuda.ptx", 256)

@@ -18,13 +18,12 @@ shifted offset), numpy arrays mixed with tensors, complex Python scalars, and in
 """
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
 import torch
 
-from .. import ranges as ranges_mod
+from .. import memo, ranges as ranges_mod
 from . import torch as tf, vjp as vjp_mod
 
 
@@ -72,7 +71,7 @@ def _gathers(slot):
     return slot_gathers(slot)
 
 
-@functools.lru_cache(maxsize=None)
+@memo.lru(maxsize=256)
 def _decode(key: str):
     from ..kernel import kernel as make
     d = json.loads(key)

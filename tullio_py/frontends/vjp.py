@@ -7,6 +7,7 @@ for.  Kernels are cached per expression and options, so each subset is derived o
 """
 from __future__ import annotations
 
+from .. import memo
 from ..errors import GradientError
 
 
@@ -22,7 +23,7 @@ def subset_kernel(kernel, needs):
     return make(kernel.text, **options, nograd=others)
 
 
-_READS: dict = {}
+_READS = memo.Memo("vjp.reads", 256)
 
 
 def reads(kernel, needs, complex_mode: bool = False) -> tuple[set[str], bool]:
@@ -33,8 +34,6 @@ def reads(kernel, needs, complex_mode: bool = False) -> tuple[set[str], bool]:
     key = (id(kernel), frozenset(needs), complex_mode)
     hit = _READS.get(key)
     if hit is None or hit[0] is not kernel:      # (the kernel is kept: its id stays its own)
-        if len(_READS) >= 256:
-            _READS.clear()
         hit = _READS[key] = (kernel, _reads(kernel, needs, complex_mode))
     keep, out = hit[1]
     return set(keep), out
