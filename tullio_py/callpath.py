@@ -127,18 +127,16 @@ class CallCache:
         else:
             body.append("    _out = _empty(_shape, _dtype)")
         body.append("    _k._last = _prepared")
-        call = f"_fn({', '.join(code)})"
         from . import jit, schedule
         n = schedule.thread_count(self.threads, jit.max_threads())
-        if prepared.source.parallel and n is not None:
-            body += ["    _set(_n)", "    try:", f"        {call}", "    finally:",
-                     "        _set(None)"]
+        if prepared.source.parallel:         # thread count, budget and layer: jit.call
+            body.append(f"    _call(_fn, ({''.join(c + ', ' for c in code)}), True, _n)")
         else:
-            body.append(f"    {call}")
+            body.append(f"    _fn({', '.join(code)})")
         body.append("    return _out")
         ns = {"_full": np.full, "_empty": np.empty, "_shape": out.shape, "_dtype": out.dtype,
               "_pad": kernel.pad, "_k": kernel, "_prepared": prepared, "_fn": prepared.fn,
-              "_set": jit.set_threads, "_n": n, "_overlap": overlap.bounds_meet,
+              "_call": jit.call, "_n": n, "_overlap": overlap.bounds_meet,
               **consts}
         exec("\n".join(body), ns)
         self.entries[key] = ns["_entry"]

@@ -1,4 +1,5 @@
 """Source -> callable.  The only module that imports numba, and only when a kernel is loaded.
+It also chooses numba's threading layer and runs parallel kernels on a thread count (below).
 
 Target "cpu": the generated module is written to the disk cache (cache.py) and compiled with
 `numba.njit(cache=True)`, so a later process loads the machine code instead of compiling.  The
@@ -12,7 +13,9 @@ it is the same code, useful for debugging and as a cross-check of the compiled k
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
 
 from . import cache, memo
 from .codegen import Source
@@ -30,7 +33,7 @@ def module_text(source: Source, target: str) -> str:
 
 
 def _keyed_text(source: Source, target: str, signature: str) -> str:
-    import numba
+    numba = _numba()
     from . import __version__
     head = (f"# tullio_py {__version__} kernel for numba {numba.__version__}, python "
             f"{sys.version_info[0]}.{sys.version_info[1]}; target {target}; parallel="
@@ -54,7 +57,7 @@ def load(source: Source, target: str, signature: str = ""):
     text = _keyed_text(source, target, signature)
     fn = _LOADED.get(text)
     if fn is None:
-        import numba
+        numba = _numba()
         module = cache.load_module(text)
         if module is not None:
             namespace = module.__dict__
@@ -64,6 +67,8 @@ def load(source: Source, target: str, signature: str = ""):
         flags = set(source.fastmath) if isinstance(source.fastmath, tuple) else source.fastmath
         fn = numba.njit(parallel=source.parallel, fastmath=flags,
                         cache=module is not None, **_NUMBA_OPTIONS)(namespace[source.name])
+        if source.parallel:
+            _FLAGS[fn] = flags
         _LOADED[text] = fn
     return fn
 
@@ -105,28 +110,184 @@ class _Stats:
 stats = _Stats()
 
 
-def set_threads(n: int | None):
-    """Numba's thread count for the next call (None: all)."""
+# ----------------------------------------------------------------------------- threads
+# The threading layer (numba's thread pool) is chosen once per process, before numba starts
+# its pool, the first time a kernel is loaded:
+# - "tbb" when the TBB library loads: safe from many Python threads at once and in forked
+#   children.  The `tbb` wheel installs libtbb.so.12 into the environment's lib/, which the
+#   dynamic loader does not search; it is loaded here by its path (RTLD_GLOBAL), after which
+#   numba's lookup by name and its tbbpool extension's dependency find the loaded library.
+# - otherwise "workqueue" (fork-safe), with a lock so that two Python threads never run a
+#   parallel kernel at once (workqueue aborts the process on concurrent use).
+# A layer chosen by the user (NUMBA_THREADING_LAYER, numba.config.THREADING_LAYER set before the
+# first kernel, or a pool numba had already started) is kept.  Then "workqueue" gets the same
+# lock, and GNU OpenMP ("omp" on Linux), which kills a forked child that enters its pool, is
+# avoided in such children: their parallel kernels run as serial compilations of the same code.
+_FLAGS: dict = {}           # parallel dispatcher -> its fastmath flags (for a serial copy)
+_SERIAL: dict = {}          # parallel dispatcher -> its serial compilation
+_CHOOSING = threading.Lock()
+_TBB_NAMES = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
+_layer: str | None = None   # the layer in use, once chosen
+_lock = None                # "workqueue": held while a parallel kernel runs
+_serial_only = False        # a forked child of a GNU OpenMP process
+_set = None                 # numba.set_num_threads, once the layer is chosen
+_max = 0                    # numba's thread count, once the layer is chosen
+_budget = threading.local()
+
+
+def _numba():
+    """numba, with the threading layer chosen and the pool started (once per process)."""
+    if _layer is None:
+        _choose_layer()
     import numba
-    numba.set_num_threads(n or numba.config.NUMBA_NUM_THREADS)
+    return numba
+
+
+def _choose_layer():
+    global _layer, _lock, _set, _max
+    with _CHOOSING:
+        if _layer is not None:
+            return
+        import numba
+        try:
+            layer = numba.threading_layer()          # numba's pool already runs: keep it
+        except ValueError:
+            tbb = _load_tbb()
+            if "NUMBA_THREADING_LAYER" not in os.environ \
+                    and str(numba.config.THREADING_LAYER).lower() == "default":
+                numba.config.THREADING_LAYER = "tbb" if tbb else "workqueue"
+            numba.get_num_threads()                  # starts the pool on the chosen layer
+            layer = numba.threading_layer()
+        if layer == "workqueue":
+            _lock = threading.RLock()
+        _set, _max = numba.set_num_threads, numba.config.NUMBA_NUM_THREADS
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _layer = layer
+
+
+def _load_tbb() -> bool:
+    """Whether numba's TBB layer can load: libtbb (2021.6 or later) loaded by name, or by its
+    path in the environment's lib/ or among the files of the installed `tbb` distribution."""
+    import ctypes
+    name = _TBB_NAMES.get(sys.platform)
+    if name is None:
+        return False
+    lib = None
+    for path in [name, *_tbb_paths(name)]:
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        return False
+    try:
+        version = lib.TBB_runtime_interface_version
+        version.restype = ctypes.c_int
+        if version() < 12060:
+            return False
+        from numba.np.ufunc import tbbpool  # noqa: F401  (its dependency resolves now)
+    except (AttributeError, ImportError, OSError):
+        return False
+    return True
+
+
+def _tbb_paths(name: str) -> list:
+    import site
+    dirs = [os.path.join(p, "lib") for p in dict.fromkeys(
+        [sys.prefix, sys.exec_prefix, sys.base_prefix, site.getuserbase()])]
+    try:
+        from importlib import metadata
+        for f in metadata.distribution("tbb").files or ():
+            if f.name == name:
+                dirs.append(os.path.dirname(str(f.locate())))
+    except Exception:                    # no tbb distribution, or an unreadable record
+        pass
+    return [p for p in (os.path.join(d, name) for d in dict.fromkeys(dirs)) if os.path.exists(p)]
+
+
+def _after_fork_in_child():
+    global _lock, _serial_only
+    if _lock is not None:
+        _lock = threading.RLock()        # a lock held by a thread the child does not have
+    if _layer == "omp":
+        from numba.np.ufunc import omppool
+        _serial_only = getattr(omppool, "openmp_vendor", "GNU") == "GNU"
+
+
+def threading_layer() -> str:
+    """The numba threading layer parallel kernels run on ("tbb", "omp" or "workqueue")."""
+    _numba()
+    return _layer
+
+
+class thread_budget:
+    """`with thread_budget(n):` parallel kernels called from this Python thread use at most n
+    threads (None: no limit beyond the kernel's `threads` option)."""
+    __slots__ = ("n", "old")
+
+    def __init__(self, n: int | None):
+        self.n = n
+
+    def __enter__(self):
+        self.old = getattr(_budget, "n", None)
+        _budget.n = self.n
+
+    def __exit__(self, *exc):
+        _budget.n = self.old
 
 
 def call(fn, args, parallel: bool, n: int | None):
-    """fn(*args) on n threads (None: numba's setting) when it was compiled parallel."""
-    if parallel and n is not None:
-        set_threads(n)
-        try:
-            fn(*args)
-        finally:
-            set_threads(None)
-    else:
+    """fn(*args); when fn was compiled parallel, on n threads (None: numba's setting), at most
+    the thread budget of this Python thread."""
+    if not parallel:
         fn(*args)
+        return
+    if _serial_only:
+        _serial(fn)(*args)
+        return
+    budget = getattr(_budget, "n", None)
+    if budget is not None:
+        n = min(n or budget, budget)
+    lock = _lock
+    if lock is not None:
+        lock.acquire()
+    try:
+        if n is None:
+            fn(*args)
+        else:
+            set_threads(max(1, min(n, _max)))
+            try:
+                fn(*args)
+            finally:
+                set_threads(None)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def set_threads(n: int | None):
+    """numba's thread count for parallel kernels this Python thread calls next (None: all)."""
+    if _set is None:
+        _numba()
+    _set(n or _max)
+
+
+def _serial(fn):
+    s = _SERIAL.get(fn)
+    if s is None:
+        import numba
+        s = _SERIAL[fn] = numba.njit(parallel=False, fastmath=_FLAGS.get(fn, False),
+                                     **_NUMBA_OPTIONS)(fn.py_func)
+    return s
 
 
 def max_threads() -> int:
+    """numba's thread count (NUMBA_NUM_THREADS, or the number of CPUs)."""
+    if _max:
+        return _max
     import numba
     return numba.config.NUMBA_NUM_THREADS
-
 
 # ----------------------------------------------------------------------------- target "cuda"
 _CUDA_HEADER = "import math\nimport cmath\nimport numpy as _np\nfrom numba import cuda\n"

@@ -23,9 +23,12 @@ so a compiled model keeps one graph.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
+from .. import jit
 from ..errors import ArgumentError, GradientError
 from ..ir import walk
 from . import vjp as vjp_mod
@@ -121,6 +124,17 @@ def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the call
+def _torch_threads(f):
+    """Run f with torch's intra-op thread count (torch.get_num_threads()) as the thread budget
+    of the kernels it calls: torch and the kernels share one budget of threads."""
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        with jit.thread_budget(torch.get_num_threads()):
+            return f(*args, **kwargs)
+    return wrapped
+
+
+@_torch_threads
 def call(kernel, arrays: dict):
     eq = kernel.equation
     if not torch.compiler.is_compiling():
@@ -172,6 +186,7 @@ class Spec:
         return {n: arrays[n] for n in self.others}
 
 
+@_torch_threads
 def run_forward(spec: Spec, tensors, others: dict) -> torch.Tensor:
     """Forward without autograd: numpy views in, the numpy result wrapped (no copy unless
     torch's result dtype differs from numpy's)."""
@@ -193,6 +208,7 @@ def _param(t: torch.Tensor):
     return t.detach().reshape(()).numpy()
 
 
+@_torch_threads
 def run_backward(spec: Spec, others: dict, saved: dict, shapes: dict, gout: torch.Tensor, out,
                  needs) -> list:
     """Gradients (torch tensors, or None) for spec.tensors, computed by the kernel's vjp for

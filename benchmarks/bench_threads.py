@@ -1,0 +1,120 @@
+"""tullio_py kernels inside a torch training step: 1 and 2 threads, each numba threading layer,
+on an idle machine and next to another multi-threaded process.
+
+    python benchmarks/bench_threads.py [--repeat 40] [--layers tbb,omp,workqueue]
+
+The step: token mixing by attention written as two tullio_py expressions (blas=False, so the
+compiled loops run, not BLAS), torch's Linear layers and softmax around them (torch's own thread
+pool), forward + backward.  torch.set_num_threads(t) sets the thread count; tullio_py's torch
+frontend gives its kernels the same count.  Each configuration runs in a fresh process whose
+NUMBA_THREADING_LAYER picks the layer ("omp" is what numba chose before tullio_py loaded TBB
+itself); "passive" rows add OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep at once instead of
+spinning after a parallel region).  "loaded": a second process runs a 2-thread numpy matmul
+loop on the same cores during the measurement.  Reported: the median step time and its ratio
+to the same layer and thread count on the idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+B, T, D = 8, 128, 32
+
+
+def worker(threads: int, repeat: int) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    from tullio_py import jit, kernel
+    scores = kernel("S[b,i,j] := Q[b,i,d] * K[b,j,d]", blas=False)
+    mix = kernel("O[b,i,d] := P[b,i,j] * V[b,j,d]", blas=False)
+    torch.manual_seed(0)
+    qkv, proj = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
+    x = torch.randn(B, T, D)
+
+    def step():
+        q, k, v = qkv(x).split(D, dim=-1)
+        p = torch.softmax(scores(Q=q, K=k) / D ** 0.5, dim=-1)
+        out = proj(mix(P=p, V=v))
+        out.square().mean().backward()
+        for m in (qkv, proj):
+            for w in m.parameters():
+                w.grad = None
+
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"median_s": times[len(times) // 2], "p90_s": times[int(len(times) * 0.9)],
+            "layer": jit.threading_layer()}
+
+
+def _load():
+    """A 2-thread numpy matmul loop until killed: another multi-threaded process."""
+    import numpy as np
+    a = np.random.rand(600, 600)
+    while True:
+        a = a @ a
+        a /= np.abs(a).max()
+
+
+def run(layer: str, threads: int, loaded: bool, passive: bool, repeat: int) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, NUMBA_THREADING_LAYER=layer)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    if passive:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    load = None
+    if loaded:
+        load = subprocess.Popen([sys.executable, __file__, "--load"],
+                                env=dict(os.environ, OPENBLAS_NUM_THREADS="2",
+                                         OMP_NUM_THREADS="2", MKL_NUM_THREADS="2"))
+        time.sleep(1.0)
+    try:
+        r = subprocess.run([sys.executable, __file__, "--worker", str(threads), str(repeat)],
+                           capture_output=True, text=True, env=env, check=True, timeout=600)
+    finally:
+        if load is not None:
+            load.kill()
+            load.wait()
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=40)
+    ap.add_argument("--layers", default="tbb,omp,workqueue")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.load:
+        _load()
+        return
+    if a.worker:
+        print(json.dumps(worker(int(a.worker[0]), int(a.worker[1]))))
+        return
+    run("tbb", 1, False, False, 1)                   # compile once (the disk cache)
+    configs = [(layer, False) for layer in a.layers.split(",")] + [("tbb", True)]
+    print(f"attention (B={B}, T={T}, D={D}) forward+backward step inside torch, median of "
+          f"{a.repeat} steps; loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'layer':<16}{'threads':>8}{'idle ms':>10}{'loaded ms':>11}{'loaded/idle':>13}"
+          f"{'p90 loaded/idle':>17}")
+    for layer, passive in configs:
+        for threads in (1, 2):
+            idle = run(layer, threads, False, passive, a.repeat)
+            busy = run(layer, threads, True, passive, a.repeat)
+            name = idle["layer"] + (" passive" if passive else "")
+            print(f"{name:<16}{threads:>8}{idle['median_s'] * 1e3:10.2f}"
+                  f"{busy['median_s'] * 1e3:11.2f}{busy['median_s'] / idle['median_s']:13.2f}"
+                  f"{busy['p90_s'] / idle['p90_s']:17.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
