@@ -278,9 +278,13 @@ def targets(rows):
 
 
 def main():
+    # numba's pool starts here, through tullio_py, so the hand-written numba kernels run on the
+    # threading layer tullio_py chooses (numba alone would pick its own before tullio_py runs)
+    from tullio_py import jit
+    layer = jit.threading_layer()
     print(f"tullio_py {tullio_py.__version__}, numpy {np.__version__}, {THREADS} threads, "
-          f"float32{' (quick)' if QUICK else ''}; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores", flush=True)
+          f"float32{' (quick)' if QUICK else ''}, numba threading layer {layer}; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     print("== physical limits", flush=True)
     peak, bw = physical()
     for name, fn in (("numpy", run_numpy), ("torch", run_torch), ("jax", run_jax),
@@ -314,6 +318,7 @@ def main():
     data = dict(times_s=ROWS, floors_s=fl_by, peak_gflops=peak / 1e9, copy_gbs=bw / 1e9,
                 checks_rel_err=CHECKS, targets={k: [v[0], v[1]] for k, v in tg.items()},
                 blas=blas_info(), threads=THREADS, dtype="float32", quick=QUICK,
+                numba_threading_layer=layer,
                 load_average=os.getloadavg(),     # other work on the machine skews every row
                 env={k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
                                                      "OMP_NUM_THREADS")})
