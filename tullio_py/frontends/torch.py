@@ -129,6 +129,8 @@ def _torch_threads(f):
     of the kernels it calls: torch and the kernels share one budget of threads."""
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
+        if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
+            return f(*args, **kwargs)
         with jit.thread_budget(torch.get_num_threads()):
             return f(*args, **kwargs)
     return wrapped
