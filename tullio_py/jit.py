@@ -67,8 +67,6 @@ def load(source: Source, target: str, signature: str = ""):
         flags = set(source.fastmath) if isinstance(source.fastmath, tuple) else source.fastmath
         fn = numba.njit(parallel=source.parallel, fastmath=flags,
                         cache=module is not None, **_NUMBA_OPTIONS)(namespace[source.name])
-        if source.parallel:
-            _FLAGS[fn] = flags
         _LOADED[text] = fn
     return fn
 
@@ -123,8 +121,7 @@ stats = _Stats()
 # first kernel, or a pool numba had already started) is kept.  Then "workqueue" gets the same
 # lock, and GNU OpenMP ("omp" on Linux), which kills a forked child that enters its pool, is
 # avoided in such children: their parallel kernels run as serial compilations of the same code.
-_FLAGS: dict = {}           # parallel dispatcher -> its fastmath flags (for a serial copy)
-_SERIAL: dict = {}          # parallel dispatcher -> its serial compilation
+_SERIAL = memo.Memo("jit.serial", 256)      # parallel dispatcher -> its serial compilation
 _CHOOSING = threading.Lock()
 _TBB_NAMES = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
 _layer: str | None = None   # the layer in use, once chosen
@@ -277,8 +274,9 @@ def _serial(fn):
     s = _SERIAL.get(fn)
     if s is None:
         import numba
-        s = _SERIAL[fn] = numba.njit(parallel=False, fastmath=_FLAGS.get(fn, False),
-                                     **_NUMBA_OPTIONS)(fn.py_func)
+        options = {**fn.targetoptions, "parallel": False}     # the same flags, serial
+        options.pop("nopython", None)
+        s = _SERIAL[fn] = numba.njit(**options)(fn.py_func)
     return s
 
 
