@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import blas as _blas
+from . import blas_shift as _shift
 from . import callpath, codegen, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
@@ -143,6 +144,10 @@ class Kernel:
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
                       if blas and target in ("auto", "cpu") and not self.given else None)
+        # Other products of two reads at affine indices (shifts, strides, sub-ranges) run as
+        # matmuls over strided views when the cost model says so (blas_shift.py).
+        self._shift = (_shift.shifted(self.equation)
+                       if blas and target in ("auto", "cpu") else None)
         self.summation_message = summation_message(self.equation)
         self._warned_by_tullio = False
         if self.summation_message:
@@ -298,6 +303,11 @@ class Kernel:
         if self._blas is not None and _blas.worth(self._blas, rng, arrays):
             return _blas.run(self._blas, eq, arrays, result_dtype(eq, arrays),
                              None if eq.assign == ":=" else arrays[eq.output])
+        if self._shift is not None:
+            done = self._shift.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
+                                    result_dtype(eq, arrays), self.pad)
+            if done is not None:
+                return done
         if eq.assign == ":=":
             dtype = result_dtype(eq, arrays)
             shape = ranges_mod.output_shape(eq, rng, ext)
@@ -321,10 +331,13 @@ class Kernel:
     def run_with_ranges(self, arrays: dict, rng: dict, out: np.ndarray, params: dict):
         """Run into `out` with the given index ranges (no range inference): gradients iterate
         exactly the forward's ranges.  Returns (prepared, ranges, bound parameters); None
-        when a pure contraction ran through BLAS instead (it needs ranges that cover every
-        array it reads and writes, as BLAS works on whole arrays)."""
-        if self.uses_blas(arrays, rng, out):
+        when it ran through BLAS instead (blas.py: a pure contraction whose ranges cover
+        every array; blas_shift.py: shifted reads and sub-ranges as strided views)."""
+        if self._whole_blas(arrays, rng, out):
             _blas.run(self._blas, self.equation, {**arrays, **params}, out.dtype, out)
+            return None
+        if (self._shift is not None
+                and self._shift.call({**arrays, **params}, rng, out, out.dtype) is not None):
             return None
         prepared, call_ranges, extra = self._prepare(arrays, rng, out.dtype, out.shape)
         self._launch(prepared, self._arguments(prepared, {**arrays, **params}, out,
@@ -332,7 +345,13 @@ class Kernel:
         return prepared, call_ranges, extra
 
     def uses_blas(self, arrays: dict, rng: dict, out: np.ndarray) -> bool:
-        """Whether run_with_ranges hands this call to BLAS."""
+        """Whether run_with_ranges hands this call to BLAS (blas.py or blas_shift.py)."""
+        if self._whole_blas(arrays, rng, out):
+            return True
+        return (self._shift is not None and out.flags.writeable
+                and self._shift.plan(arrays, rng, out.shape, out.strides, out.dtype) is not None)
+
+    def _whole_blas(self, arrays: dict, rng: dict, out: np.ndarray) -> bool:
         return (self._blas is not None and _covers_arrays(self.equation, rng, arrays, out)
                 and _blas.worth(self._blas, rng, arrays))
 

@@ -1,0 +1,161 @@
+"""Shifted contractions through BLAS (blas_shift.py): every decomposition agrees with the
+generated loops (blas=False) to rounding, forward and gradients, and the plan is a function of
+the call signature."""
+import numpy as np
+import pytest
+
+from tullio_py import Kernel, kernel
+from tullio_py import blas_shift
+
+R = np.random.default_rng(7)
+
+# (statement, shapes of the inputs, whether the cost model should pick BLAS): each large
+# enough (about a million multiply-adds) that BLAS clearly wins where it applies.
+CASES = {
+    "conv1d": ("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", {"x": (6, 16, 130), "w": (24, 16, 5)}, 1),
+    "conv1d_nlc": ("y[b,i,o] := x[b,i+j,c] * w[o,c,j]", {"x": (6, 130, 16), "w": (24, 16, 5)}, 1),
+    "stride2": ("y[b,o,i] := x[b,c,2i+j] * w[o,c,j]", {"x": (6, 16, 259), "w": (24, 16, 5)}, 1),
+    "dilation2": ("y[b,o,i] := x[b,c,i+2j] * w[o,c,j]", {"x": (6, 16, 138), "w": (24, 16, 5)}, 1),
+    "conv2d_nchw": ("y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]",
+                    {"x": (4, 8, 21, 23), "w": (16, 8, 3, 3)}, 1),
+    "conv2d_nhwc": ("y[b,h,v,o] := x[b,h+i,v+j,c] * w[i,j,c,o]",
+                    {"x": (4, 21, 23, 8), "w": (3, 3, 8, 16)}, 1),
+    # no index is contracted between the reads: an elementwise product, not a BLAS problem
+    "depthwise": ("y[b,c,i] := x[b,c,i+j] * w[c,j]", {"x": (9, 33, 301), "w": (33, 7)}, 0),
+    "full_conv": ("y[b,o,i+j] := x[b,c,i] * w[o,c,j]", {"x": (6, 16, 126), "w": (24, 16, 5)}, 1),
+    "bmm_shift": ("y[b,i,k] := A[b,i,j+1] * B[b,j,k]", {"A": (8, 64, 65), "B": (8, 64, 64)}, 1),
+    "scaled": ("y[b,o,i] := 0.5 * x[b,c,i+j] * w[o,c,j] * alpha",
+               {"x": (6, 16, 130), "w": (24, 16, 5)}, 1),
+    "scalar_out": ("s := x[c,i+j] * w[c,j]", {"x": (64, 2000), "w": (64, 8)}, 1),
+}
+
+
+def _arrays(shapes, dtype=np.float64):
+    return {n: R.standard_normal(s).astype(dtype) for n, s in shapes.items()}
+
+
+def _plan(k: Kernel):
+    plans = [p for p in k._shift.plans.values() if p is not None]
+    return plans[-1] if plans else None
+
+
+def _tol(dtype):
+    return dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_matches_loops(case):
+    expr, shapes, blas = CASES[case]
+    arrays = _arrays(shapes)
+    if "alpha" in expr:
+        arrays["alpha"] = 1.7
+    k, loops = Kernel(expr), kernel(expr, blas=False)
+    got, want = k(**arrays), loops(**arrays)
+    assert (_plan(k) is not None) == bool(blas), "the cost model's choice changed"
+    assert loops._shift is None
+    np.testing.assert_allclose(got, want, **_tol(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_layouts_and_dtypes(layout, dtype):
+    expr, shapes, _ = CASES["conv1d"]
+    arrays = _arrays(shapes, dtype)
+    if layout == "transposed":       # same values, memory in (i, c, b) order
+        arrays["x"] = np.ascontiguousarray(arrays["x"].transpose(2, 1, 0)).transpose(2, 1, 0)
+    elif layout == "sliced":         # every other sample along i and a channel window
+        big = R.standard_normal((6, 19, 260)).astype(dtype)
+        arrays["x"] = big[:, 2:18, ::2]
+    k, loops = Kernel(expr), kernel(expr, blas=False)
+    got = k(**arrays)
+    assert _plan(k) is not None
+    np.testing.assert_allclose(got, loops(**arrays), **_tol(dtype))
+    assert got.dtype == dtype
+
+
+@pytest.mark.parametrize("assign", ["=", "+=", "-="])
+def test_in_place(assign):
+    """`=` overwrites only the covered elements (out is longer than the valid range), `+=`
+    and `-=` accumulate onto the old contents."""
+    expr = f"y[b,o,i] {assign} x[b,c,i+j] * w[o,c,j]"
+    arrays = _arrays(CASES["conv1d"][1])
+    start = R.standard_normal((6, 24, 130))
+    k, loops = Kernel(expr), kernel(expr, blas=False)
+    got, want = start.copy(), start.copy()
+    k(y=got, **arrays)
+    loops(y=want, **arrays)
+    assert _plan(k) is not None
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    if assign == "=":
+        np.testing.assert_array_equal(got[:, :, 126:], start[:, :, 126:])
+
+
+def test_shared_memory_falls_back():
+    """An output that shares memory with an input runs the loops (no plan is executed)."""
+    base = R.standard_normal((6, 24, 140))
+    x, y = base[:, :16, :], base[:, :, :130]
+    w = R.standard_normal((24, 16, 5))
+    k = Kernel("y[b,o,i] += x[b,c,i+j] * w[o,c,j]")
+    assert k._shift.call({"x": x, "w": w}, k.ranges(y=y, x=x, w=w), y, y.dtype) is None
+
+
+@pytest.mark.parametrize("case", ["conv1d", "stride2", "dilation2", "conv2d_nchw", "full_conv"])
+def test_gradients_match_loops(case):
+    expr, shapes, _ = CASES[case]
+    arrays = _arrays(shapes)
+    k, loops = Kernel(expr), kernel(expr, blas=False)
+    y = k(**arrays)
+    dy = R.standard_normal(y.shape)
+    got, want = k.vjp(dy, **arrays), loops.vjp(dy, **arrays)
+    for name in arrays:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-9)
+    used = [gk for gk in k._gradient()._kernels.values() if gk._shift and _plan(gk)]
+    assert len(used) == 2, "both gradient statements should run through BLAS"
+    assert "BLAS" in k.gradient_code
+
+
+def test_plan_is_a_function_of_the_signature():
+    expr, shapes, _ = CASES["conv2d_nchw"]
+    arrays = _arrays(shapes)
+    a, b = Kernel(expr), Kernel(expr)
+    a(**arrays)
+    a(**_arrays(shapes))
+    b(**arrays)
+    assert len(a._shift.plans) == 1 and _plan(a) == _plan(b)
+    assert _plan(a) is not _plan(b)
+    bigger = _arrays({"x": (4, 8, 33, 23), "w": (16, 8, 3, 3)})
+    a(**bigger)
+    assert len(a._shift.plans) == 2
+
+
+def test_not_dispatched():
+    """Statements outside the rule keep the loops: functions, masks, pads, one read, max."""
+    for expr in ["y[i] := exp(x[i+j]) * w[j]", "y[i] := x[i+j] * w[j] * (i < 3)",
+                 "y[i] := x[pad(i+j-1, 1, 1)] * w[j]", "y[i] := x[i+j]",
+                 "(max) y[i] := x[i+j] * w[j]", "y[i] *= x[i+j] * w[j]"]:
+        assert blas_shift.shifted(kernel(expr).equation) is None, expr
+    assert kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", blas=False)._shift is None
+
+
+def test_small_calls_keep_the_loops():
+    k = Kernel("y[i] := x[i+j] * w[j]")
+    x, w = R.standard_normal(40), R.standard_normal(3)
+    np.testing.assert_allclose(k(x=x, w=w), np.convolve(x, w[::-1], "valid"))
+    assert _plan(k) is None
+
+
+def test_torch_conv1d_forward_and_backward():
+    torch = pytest.importorskip("torch")
+    expr, shapes, _ = CASES["conv1d"]
+    x = torch.randn(*shapes["x"], dtype=torch.float64, requires_grad=True)
+    w = torch.randn(*shapes["w"], dtype=torch.float64, requires_grad=True)
+    k = kernel(expr)
+    y = k(x=x, w=w)
+    ref = torch.nn.functional.conv1d(x, w)
+    torch.testing.assert_close(y, ref)
+    g = torch.randn_like(ref)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    rx, rw = torch.autograd.grad(ref, (x, w), g)
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gw, rw)
+    assert _plan(k) is not None

@@ -1,0 +1,370 @@
+"""Shifted contractions -> BLAS over strided views.
+
+A statement whose right-hand side is a product of two array reads at affine indices (shifts,
+strides, dilations: `y[b,o,i] := x[b,c,2i+j] * w[o,c,j]`), times scalars, summed over the
+indices missing on the left, is a pure contraction once some indices are held fixed.  For each
+value of the "looped" indices S, every access is a strided view of its array (numpy
+as_strided: no copy) in which each remaining index is one axis with one stride, and the
+left-hand view writes each element once; the step is one `np.matmul` over those views (extra
+free indices become broadcast batch axes: numpy loops over gemm calls in C).  Conv1d with
+S = {j}: `y[b,:,:] += w[:,:,j] @ x[b,:,j:j+L]` for each j.  S may also be empty: x[b,c,i+j]
+is then a view with two axes of the same stride, and merging (c, j) into matmul's K copies it
+once (im2col) before one large gemm.
+
+Which S, and for each operand whether its free indices that do not merge into one matrix
+dimension become batch axes or are merged by a copy, is decided by a cost model (`_cost`,
+constants measured by benchmarks/blas_shift_costs.py) from the call's shapes, strides and
+ranges, once per call signature: the same signature always runs the same plan.  Ranges need
+not cover the arrays (views are cut to them), so gradient statements run with the forward's
+ranges (`dx[b,c,i+j] += dy[b,o,i] * w[o,c,j]`) go the same way.  blas.py keeps the pure
+contractions over whole arrays; `blas=False` keeps the generated loops for both.
+
+Not dispatched: anything but two float/complex reads times scalars (functions, masks, pads,
+gathers), other reductions, finalisers, `*=`, an output read on the right or sharing memory
+with an input, accesses outside the arrays (the loops report those), small work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations, product
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .blas import MIN_WORK, _factors
+from .ir import Access, Affine, Const, Equation, Param
+from .ranges import affine_bounds, output_shape
+
+# Cost model of one plan (seconds).  One np.matmul gemm of (m, k) x (k, n) takes
+#   T_CALL + 2 m n k / PEAK * (1 + H/m + H/n + H/k)
+# (small dimensions waste the gemm kernel's blocking); each step of the loop over S costs
+# T_STEP of Python; copies and the accumulation into the output move their bytes at BW, an
+# element of a strided access costing up to a cache line (LINE bytes; the measured PENALTY,
+# how much slower a transposing copy of float32 is, agrees: 10-20).  BLAS is used only
+# when the plan beats the generated loops, taken to run at LOOP_RATE flop/s.
+# Measured by benchmarks/blas_shift_costs.py --threads 1 (float32, OpenBLAS 0.3.31 via
+# numpy 2, 2-core machine shared with other jobs, load average 8-11: two runs gave PEAK
+# 1.65-1.68e11, H 2.4-2.9, T_CALL 7.5-7.7e-7, T_STEP 2.4e-6, BW 1.3-1.4e10, PENALTY 10-20,
+# LOOP_RATE 2.4-3.4e9 (conv1d / conv2d loops, blas=False)).
+PEAK = 1.65e11
+H = 2.9
+T_CALL = 7.5e-7
+T_STEP = 2.4e-6
+BW = 1.4e10
+LINE = 64       # bytes a strided access moves at most per element (a cache line)
+LOOP_RATE = 3.4e9
+
+
+class Shifted:
+    """A statement that may run as shifted contractions; remembers plans per call signature."""
+
+    def __init__(self, eq: Equation, reads: tuple, scale: tuple):
+        self.eq, self.reads, self.scale = eq, reads, scale
+        accs = (eq.lhs,) + reads
+        # indices that share an array dimension with another: the candidates for S
+        self.shifts = tuple(n for n in eq.indices
+                            if any(len(s.terms) > 1 and n in s.names
+                                   for a in accs for s in a.indices))
+        self.plans: dict = {}
+
+    # ------------------------------------------------------------------ per call
+    def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype):
+        """The plan for this call signature, or None (the loops run it)."""
+        key = (tuple((n, r.start, r.stop) for n, r in rng.items()), dtype.str,
+               tuple(out_shape), tuple(out_strides),
+               tuple((arrays[a.array].dtype.str, arrays[a.array].shape, arrays[a.array].strides)
+                     for a in self.reads))
+        try:
+            return self.plans[key]
+        except KeyError:
+            pass
+        if len(self.plans) >= 64:
+            self.plans.clear()
+        p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype)
+        return p
+
+    def call(self, arrays: dict, rng: dict, out, dtype, pad=0):
+        """Run through BLAS if the plan says so: the output (new for `:=`, else `out`, updated)
+        or None when the generated loops should run it instead (nothing was written)."""
+        eq = self.eq
+        if eq.assign == ":=":
+            shape = tuple(output_shape(eq, rng))
+            strides = _c_strides(shape, dtype.itemsize)
+        else:
+            shape, strides, dtype = out.shape, out.strides, out.dtype
+        p = self.plan(arrays, rng, shape, strides, dtype)
+        if p is None:
+            return None
+        if eq.assign == ":=":
+            out = np.zeros(shape, dtype) if pad == 0 else np.full(shape, pad, dtype)
+        elif any(np.may_share_memory(out, arrays[a.array]) for a in self.reads):
+            return None
+        run(p, self, arrays, out, (eq.assign == ":=" and pad != 0) or eq.assign == "=")
+        return out
+
+
+def shifted(eq: Equation) -> Shifted | None:
+    """A Shifted for `eq` if it is a product of two reads at affine indices, else None."""
+    if eq.reducer != "+" or eq.finaliser or eq.assign not in (":=", "=", "+=", "-="):
+        return None
+    if not all(isinstance(s, Affine) for s in eq.lhs.indices):
+        return None
+    reads, scale = [], []
+    for f in _factors(eq.rhs):
+        if isinstance(f, Access) and f.indices and all(isinstance(s, Affine) for s in f.indices):
+            reads.append(f)
+        elif isinstance(f, Param) or (isinstance(f, Const) and not isinstance(f.value, bool)):
+            scale.append(f.name if isinstance(f, Param) else f.value)
+        else:
+            return None
+    if len(reads) != 2 or any(a.array == eq.output for a in reads):
+        return None
+    used = {n for a in reads for s in a.indices for n in s.names}
+    if not {n for s in eq.lhs.indices for n in s.names} <= used:
+        return None
+    return Shifted(eq, tuple(reads), tuple(scale))
+
+
+def _c_strides(shape, itemsize):
+    out, acc = [], itemsize
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+# ----------------------------------------------------------------------------- planning
+@dataclass(frozen=True)
+class _View:
+    """A master view of one access: axes = its S indices, then its remaining indices."""
+    start: tuple          # element index of the origin (every index at its range start)
+    labels: tuple         # axis labels
+    shape: tuple
+    strides: tuple        # bytes
+    sub: tuple            # positions in the S tuple of its S axes
+
+
+@dataclass(frozen=True)
+class Plan:
+    loop: tuple           # S: indices looped over in Python, each a range of positions
+    steps: tuple          # lengths of the S ranges
+    views: tuple          # _View of read 0, read 1, output
+    ops: tuple            # per read: (axes summed first, transpose, matmul shape)
+    left: int             # which read is matmul's left operand
+    res_shape: tuple      # matmul result reshaped to one axis per label
+    out_perm: tuple       # output view axes in the order of res_shape
+    small: int            # the read the scale multiplies (the smaller view)
+    cost: float           # the model's seconds (for explain and tests)
+    im2col: bool          # some operand is copied into a merged (im2col-style) matrix
+
+
+def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
+    """Master view of `acc` for looped indices S; None if it leaves the array."""
+    iv = {n: (r.start, r.stop) for n, r in rng.items()}
+    start = []
+    for d, s in enumerate(acc.indices):
+        b = affine_bounds(s, iv)
+        if b is None or b[0] < 0 or b[1] >= shape[d]:
+            return None
+        start.append(s.const + sum(c * rng[n].start for n, c in s.terms))
+    names = list(dict.fromkeys(n for s in acc.indices for n in s.names))
+    labels = [n for n in S if n in names] + [n for n in names if n not in S]
+    st = tuple(sum(s.coef(n) * strides[d] for d, s in enumerate(acc.indices)) for n in labels)
+    return _View(tuple(start), tuple(labels), tuple(len(rng[n]) for n in labels), st,
+                 tuple(S.index(n) for n in labels if n in S))
+
+
+def _chain(labels, size, stride) -> bool:
+    """Whether axes `labels` (outer to inner) merge into one axis without a copy."""
+    labels = [n for n in labels if size[n] != 1]
+    return all(stride[a] == stride[b] * size[b] for a, b in zip(labels, labels[1:]))
+
+
+def _prod(xs):
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype):
+    """The cheapest plan over every valid S and operand arrangement, or None."""
+    eq = sh.eq
+    arrs = [arrays[a.array] for a in sh.reads]
+    if dtype.kind not in "fc" or any(a.dtype.kind not in "fc" for a in arrs):
+        return None
+    if any(len(rng[n]) == 0 for n in eq.indices):
+        return None
+    work = _prod(len(rng[n]) for n in eq.indices)
+    if work < MIN_WORK:
+        return None
+    if any(s == 0 and n > 1 for s, n in zip(out_strides, out_shape)):
+        return None             # a broadcast output: several elements share memory
+    best = None
+    for k in range(len(sh.shifts) + 1):
+        for S in combinations(sh.shifts, k):
+            if any(len([n for n in s.names if n not in S]) > 1 for s in eq.lhs.indices):
+                continue        # the output view would write an element twice
+            views = [_view(a, x.shape, x.strides, rng, S) for a, x in zip(sh.reads, arrs)]
+            vo = _view(eq.lhs, out_shape, out_strides, rng, S)
+            if vo is None or None in views:
+                return None     # out of bounds: the loops raise the proper error
+            p = _arrange(S, views, vo, rng, dtype.itemsize)
+            if best is None or p.cost < best.cost:
+                best = p
+    if best is None or best.cost > 2.0 * work / LOOP_RATE:
+        return None
+    return best
+
+
+def _arrange(S, views, vo, rng, itemsize) -> Plan:
+    """The cheapest matmul arrangement for one S: which read is on the left, which of each
+    read's free indices merge into the matrix dimension (the rest become broadcast batch
+    axes), and the order of the contracted indices."""
+    size = {n: len(rng[n]) for n in rng}
+    labels = [v.labels[len(v.sub):] for v in views]
+    lo = vo.labels[len(vo.sub):]
+    strides = [dict(zip(v.labels, v.strides)) for v in (*views, vo)]
+    so = strides[2]
+    by_out = sorted(lo, key=lambda n: -abs(so[n]))           # output axes, outer to inner
+    batch = [n for n in by_out if n in labels[0] and n in labels[1]]
+    free = [[n for n in by_out if n in labels[i] and n not in labels[1 - i]] for i in (0, 1)]
+    red = [n for n in labels[0] if n in labels[1] and n not in lo]
+    k_orders = {tuple(sorted(red, key=lambda n: -abs(strides[i][n]))) for i in (0, 1)}
+    best = None
+    for left in (0, 1):
+        right = 1 - left
+        for kk in sorted(k_orders):
+            for ma in _merges(free[left], size, strides[left]):
+                for nb in _merges(free[right], size, strides[right]):
+                    c = _cost(S, labels, left, list(kk), ma, nb, batch, free, lo, size,
+                              strides, itemsize)
+                    if best is None or c < best[0]:
+                        best = (c, left, list(kk), ma, nb)
+    cost, left, kk, ma, nb = best
+    right = 1 - left
+    ga = [n for n in free[left] if n not in ma]
+    gb = [n for n in free[right] if n not in nb]
+    ops = [None, None]
+    for i, g_own, g_other, mine, first in ((left, ga, gb, ma, True), (right, gb, ga, nb, False)):
+        summed = tuple(a for a, x in enumerate(labels[i]) if x not in lo and x not in red)
+        kept = [x for x in labels[i] if x in lo or x in red]
+        order = batch + g_own + (mine + kk if first else kk + mine)
+        ones = [1] * len(g_other)
+        mm = [size[x] for x in batch] + ([size[x] for x in g_own] + ones if first else
+                                         ones + [size[x] for x in g_own])
+        mm += ([_prod(size[x] for x in mine), _prod(size[x] for x in kk)] if first else
+               [_prod(size[x] for x in kk), _prod(size[x] for x in mine)])
+        st = strides[i]
+        contig = (_chain(mine, size, st) and _chain(kk, size, st)
+                  and not (_blasable(mine, kk, st, itemsize) if first else
+                           _blasable(kk, mine, st, itemsize)))
+        ops[i] = (summed, tuple(kept.index(x) for x in order), tuple(mm), contig)
+    res = batch + ga + gb + ma + nb
+    small = 0 if _prod(size[x] for x in labels[0]) <= _prod(size[x] for x in labels[1]) else 1
+    im2col = not S and any(len(set(v.strides)) < len(v.strides) for v in views)
+    return Plan(tuple(S), tuple(size[x] for x in S), (views[0], views[1], vo), tuple(ops),
+                left, tuple(size[x] for x in res), tuple(lo.index(x) for x in res), small,
+                cost, im2col)
+
+
+def _merges(free, size, stride):
+    """Candidate matrix dimensions from an operand's free indices (given outer to inner in
+    the output): the innermost run that merges as a view of the operand, or all of them
+    (a copy) in the output's order or the operand's."""
+    if not free:
+        return [[]]
+    own = sorted(free, key=lambda n: -abs(stride[n]))
+    k = len(own) - 1
+    while k > 0 and _chain(own[k - 1:k + 1], size, stride):
+        k -= 1
+    out = []
+    for c in (own[k:], list(free), own):
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def _cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize) -> float:
+    """Seconds the model gives one arrangement (see the constants at the top)."""
+    right = 1 - left
+    moved = 0.0
+    for i, mine, first in ((left, ma, True), (right, nb, False)):
+        st = strides[i]
+        inner = (mine + kk) if first else (kk + mine)
+        if not (_chain(mine, size, st) and _chain(kk, size, st)):   # reshape copies
+            moved += _copy_bytes(labels[i], inner, size, st, itemsize)
+        elif not (_blasable(mine, kk, st, itemsize) if first else
+                  _blasable(kk, mine, st, itemsize)):               # copied to be a matrix
+            moved += _copy_bytes(labels[i], inner, size, st, itemsize)
+    res = batch + [n for n in free[left] if n not in ma] + [n for n in free[right]
+                                                            if n not in nb] + ma + nb
+    moved += 3 * _copy_bytes(lo, res, size, strides[2], itemsize)
+    ga = [n for n in free[left] if n not in ma]
+    gb = [n for n in free[right] if n not in nb]
+    m, n, k = (_prod(size[x] for x in g) for g in (ma, nb, kk))
+    calls = _prod(size[x] for x in batch + ga + gb)
+    gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
+    return _prod(size[x] for x in S) * (T_STEP + calls * (T_CALL + gemm) + moved / BW)
+
+
+def _copy_bytes(labels, order, size, stride, itemsize) -> float:
+    """Bytes of memory traffic of a pass over a view (axes `labels`) in the axis order
+    `order`: its contiguous runs plus a cache line per run, or a cache line per element
+    (at most) when the innermost axis is strided."""
+    run, prev = 1, None
+    for x in reversed(order):
+        if size[x] == 1:
+            continue
+        if prev is None and abs(stride[x]) != itemsize:
+            return _prod(size[y] for y in labels) * min(abs(stride[x]), LINE)
+        if prev is not None and stride[x] != stride[prev] * size[prev]:
+            break
+        run, prev = run * size[x], x
+    return _prod(size[y] for y in labels) / run * (run * itemsize + LINE)
+
+
+def _blasable(outer, inner, stride, itemsize) -> bool:
+    """A matrix whose rows or columns are contiguous (gemm takes it without a copy)."""
+    return ((not inner or abs(stride[inner[-1]]) == itemsize)
+            or (not outer or abs(stride[outer[-1]]) == itemsize))
+
+
+# ----------------------------------------------------------------------------- running
+def _master(arr: np.ndarray, v: _View, writeable: bool) -> np.ndarray:
+    base = arr[tuple(slice(s, s + 1) for s in v.start) + (Ellipsis,)]
+    return as_strided(base, v.shape, v.strides, writeable=writeable)
+
+
+def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool):
+    """Accumulate the statement into `out` (cleared first where written, for `=` and a
+    `:=` output filled with a pad value)."""
+    eq = sh.eq
+    a0, a1 = (arrays[a.array] for a in sh.reads)
+    m0 = _master(a0, p.views[0], False)
+    m1 = _master(a1, p.views[1], False)
+    mo = _master(out, p.views[2], True)
+    if zero_first:
+        mo[...] = 0
+    scale = 1
+    for s in sh.scale:
+        scale = scale * (arrays[s] if isinstance(s, str) else s)
+    if eq.assign == "-=":
+        scale = -scale
+    subs = [v.sub for v in p.views]
+    masters = (m0, m1)
+    for pos in product(*[range(n) for n in p.steps]):
+        xs = []
+        for i in (0, 1):
+            summed, perm, shape, contig = p.ops[i]
+            x = masters[i][tuple(pos[j] for j in subs[i]) + (Ellipsis,)]
+            if summed:
+                x = x.sum(axis=summed)
+            x = x.transpose(perm).reshape(shape)
+            if contig:
+                x = np.ascontiguousarray(x)
+            xs.append(x * scale if scale != 1 and i == p.small else x)
+        r = np.matmul(xs[p.left], xs[1 - p.left]).reshape(p.res_shape)
+        t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
+        np.add(t, r, out=t, casting="unsafe")
+    return out
