@@ -159,3 +159,16 @@ def test_torch_conv1d_forward_and_backward():
     torch.testing.assert_close(gx, rx)
     torch.testing.assert_close(gw, rw)
     assert _plan(k) is not None
+
+
+def test_explain_names_the_path_and_counts_the_work():
+    expr, shapes, _ = CASES["conv1d"]
+    arrays = _arrays(shapes)
+    tuples = 6 * 24 * 126 * 16 * 5
+    e = Kernel(expr).explain(**arrays)
+    assert e.path == "blas_shift" and e.flops == 2 * tuples
+    assert e.bytes == sum(a.nbytes for a in arrays.values()) + 6 * 24 * 126 * 8
+    assert e.seconds > 0 and e.peak_flops > 0 and e.bandwidth > 0 and e.fraction > 0
+    loops = kernel(expr, blas=False).explain(**arrays)
+    assert loops.path == "loops" and "order" in loops.detail and loops.flops == e.flops
+    assert "blas_shift" in str(e)

@@ -452,6 +452,13 @@ class Kernel:
         src = codegen.render(plan)
         return jit.module_text(src, target if target in ("cpu", "python") else "cpu")
 
+    def explain(self, **arrays):
+        """What a call with these arrays runs (BLAS, BLAS over strided views, or loops: order,
+        threads), its FLOPs and bytes, the measured time, and the fraction of the machine's
+        limit (explain.py)."""
+        from .explain import explain
+        return explain(self, arrays)
+
     # ------------------------------------------------------------------ gradients (gradient_kernel.py)
     def _gradient(self):
         g = self.__dict__.get("_grad")

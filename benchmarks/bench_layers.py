@@ -1,0 +1,298 @@
+"""Everyday layers written in tullio_py (torch frontend) against torch, float32.
+
+    python benchmarks/bench_layers.py [--quick] [--threads 1 2] [--tag NAME] [--only conv1d ...]
+
+Workloads: conv1d, conv2d (NCHW and NHWC), depthwise conv1d, causal attention (B8 T128 H8
+D64; against einsum + masked softmax and against scaled_dot_product_attention), layer norm
+4096x512 in three statements, LocallyConnected2d (batch 16, 8->16, 32x32, 3x3; against unfold
++ einsum), 2x2 max-pool, embedding-bag (sum), softmax.  Each forward (no grad) and forward +
+backward (torch autograd; tullio_py's backward is its vjp).
+
+Each thread count runs in a fresh subprocess with OPENBLAS/OMP/NUMBA threads and
+torch.set_num_threads set to it.  Before timing, every competitor's output and gradients are
+checked against a float64 torch reference.  Times: median over interleaved rounds (each round
+runs every competitor once, so background load hits them alike), after warm-up calls that
+compile the kernels.  Writes benchmarks/results/bench_layers[_TAG].json and .png.
+
+To compare two versions of tullio_py in the same conditions, run the script twice with
+PYTHONPATH pointing at each checkout and different --tag values.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+
+# ----------------------------------------------------------------------------- workloads
+def workloads(torch, quick: bool):
+    """name -> (make inputs, {competitor: function of the inputs -> output})."""
+    import numpy as np
+    from tullio_py import kernel
+    F = torch.nn.functional
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.float64)
+
+    W = {}
+
+    # --- convolutions
+    conv1 = kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]")
+    W["conv1d"] = (lambda: {"x": rand(32, 64, 260), "w": rand(64, 64, 5)},
+                   {"torch": lambda a: F.conv1d(a["x"], a["w"]),
+                    "tullio_py": lambda a: conv1(x=a["x"], w=a["w"])})
+    conv2 = kernel("y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]")
+    W["conv2d_nchw"] = (lambda: {"x": rand(16, 32, 34, 34), "w": rand(64, 32, 3, 3)},
+                        {"torch": lambda a: F.conv2d(a["x"], a["w"]),
+                         "tullio_py": lambda a: conv2(x=a["x"], w=a["w"])})
+    conv2l = kernel("y[b,h,v,o] := x[b,h+i,v+j,c] * w[i,j,c,o]")
+    W["conv2d_nhwc"] = (
+        lambda: {"x": rand(16, 34, 34, 32), "w": rand(3, 3, 32, 64)},
+        {"torch": lambda a: F.conv2d(a["x"].permute(0, 3, 1, 2),
+                                     a["w"].permute(3, 2, 0, 1)).permute(0, 2, 3, 1),
+         "tullio_py": lambda a: conv2l(x=a["x"], w=a["w"])})
+    dw = kernel("y[b,c,i] := x[b,c,i+j] * w[c,j]")
+    W["depthwise_conv1d"] = (lambda: {"x": rand(32, 64, 260), "w": rand(64, 5)},
+                             {"torch": lambda a: F.conv1d(a["x"], a["w"][:, None, :], groups=64),
+                              "tullio_py": lambda a: dw(x=a["x"], w=a["w"])})
+
+    # --- causal attention, (batch, heads, time, dim)
+    B, H, T, D = 8, 8, 128, 64
+    scale = 1.0 / D ** 0.5
+    att_s = kernel("s[b,h,i,j] := q[b,h,i,d] * k[b,h,j,d] * scale")
+    att_m = kernel("(max) m[b,h,i] := s[b,h,i,j] * (j <= i)")
+    att_e = kernel("e[b,h,i,j] := exp(s[b,h,i,j] - m[b,h,i]) * (j <= i)")
+    att_z = kernel("z[b,h,i] := e[b,h,i,j]")
+    att_p = kernel("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]")
+    att_o = kernel("o[b,h,i,d] := p[b,h,i,j] * v[b,h,j,d]")
+
+    def att_tullio(a):
+        s = att_s(q=a["q"], k=a["k"], scale=scale)
+        e = att_e(s=s, m=att_m(s=s).detach())    # any m gives the same softmax: no gradient
+        return att_o(p=att_p(e=e, z=att_z(e=e)), v=a["v"])
+
+    def att_torch(a):
+        s = torch.einsum("bhid,bhjd->bhij", a["q"], a["k"]) * scale
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        return torch.einsum("bhij,bhjd->bhid", s.masked_fill(mask, float("-inf")).softmax(-1),
+                            a["v"])
+    W["causal_attention"] = (
+        lambda: {"q": rand(B, H, T, D), "k": rand(B, H, T, D), "v": rand(B, H, T, D)},
+        {"torch": att_torch,
+         "torch_sdpa": lambda a: F.scaled_dot_product_attention(a["q"], a["k"], a["v"],
+                                                                is_causal=True),
+         "tullio_py": att_tullio})
+
+    # --- layer norm in three statements
+    n_feat = 512
+    ln_mu = kernel("mu[i] := x[i,j] * inv_n")
+    ln_var = kernel("var[i] := (x[i,j] - mu[i])**2 * inv_n")
+    ln_y = kernel("y[i,j] := (x[i,j] - mu[i]) / sqrt(var[i] + eps) * g[j] + bb[j]")
+
+    def ln_tullio(a):
+        mu = ln_mu(x=a["x"], inv_n=1.0 / n_feat)
+        var = ln_var(x=a["x"], mu=mu, inv_n=1.0 / n_feat)
+        return ln_y(x=a["x"], mu=mu, var=var, eps=1e-5, g=a["g"], bb=a["b"])
+    W["layer_norm"] = (lambda: {"x": rand(4096, n_feat), "g": rand(n_feat), "b": rand(n_feat)},
+                       {"torch": lambda a: F.layer_norm(a["x"], (n_feat,), a["g"], a["b"]),
+                        "tullio_py": ln_tullio})
+
+    # --- LocallyConnected2d: batch 16, 8 -> 16 channels, 32x32, 3x3
+    from tullio_py.nn import EXPRESSION
+    lc = kernel(EXPRESSION)
+    C1, C2, N, K = 8, 16, 32, 3
+    M = N - K + 1
+
+    def lc_tullio(a):
+        xs = a["x"].permute(2, 3, 1, 0).contiguous()
+        return lc(x=xs, W=a["W"]).permute(3, 2, 0, 1)
+
+    def lc_torch(a):           # the same weights, reshaped to unfold's (c1*kh*kw, c2, oh*ow)
+        Wu = a["W"].reshape(C1 * K * K, C2, M * M)
+        return torch.einsum("bkl,kol->bol", F.unfold(a["x"], K), Wu).reshape(-1, C2, M, M)
+    W["locally_connected2d"] = (lambda: {"x": rand(16, C1, N, N),
+                                         "W": rand(C1, K, K, C2, M, M) / 9},
+                                {"torch_unfold_einsum": lc_torch, "tullio_py": lc_tullio})
+
+    # --- max-pool 2x2, stride 2
+    mp = kernel("(max) y[b,c,h,v] := x[b,c,2h+i,2v+j]", ranges={"i": 2, "j": 2})
+    W["max_pool2d"] = (lambda: {"x": rand(16, 32, 64, 64)},
+                       {"torch": lambda a: F.max_pool2d(a["x"], 2),
+                        "tullio_py": lambda a: mp(x=a["x"])})
+
+    # --- embedding bag (sum of 16 rows per bag)
+    eb = kernel("y[b,d] := E[J[b,k], d]")
+    Jn = np.random.default_rng(0).integers(0, 10000, (512, 16))
+    Jt = torch.from_numpy(Jn)
+    W["embedding_bag"] = (lambda: {"E": rand(10000, 64)},
+                          {"torch": lambda a: F.embedding_bag(Jt, a["E"], mode="sum"),
+                           "tullio_py": lambda a: eb(E=a["E"], J=Jt)})
+
+    # --- softmax over the last axis
+    sm_m = kernel("(max) m[i] := x[i,j]")
+    sm_e = kernel("e[i,j] := exp(x[i,j] - m[i])")
+    sm_z = kernel("z[i] := e[i,j]")
+    sm_y = kernel("y[i,j] := e[i,j] / z[i]")
+
+    def sm_tullio(a):
+        e = sm_e(x=a["x"], m=sm_m(x=a["x"]).detach())
+        return sm_y(e=e, z=sm_z(e=e))
+    W["softmax"] = (lambda: {"x": rand(4096, 512)},
+                    {"torch": lambda a: torch.softmax(a["x"], -1), "tullio_py": sm_tullio})
+    return W
+
+
+# ----------------------------------------------------------------------------- one process
+def run_worker(threads: int, quick: bool, only) -> dict:
+    import numpy as np
+    import torch
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    rounds = 3 if quick else 9
+    out = {}
+    for name, (make, comps) in workloads(torch, quick).items():
+        if only and name not in only:
+            continue
+        ref_in = make()
+        ref_fn = comps["torch"] if "torch" in comps else comps[next(iter(comps))]
+        ref = _fwd_bwd(ref_fn, ref_in, torch, seed=1)
+        inputs = {n: v.float() for n, v in ref_in.items()}
+        res = {}
+        for comp, fn in comps.items():
+            got = _fwd_bwd(fn, inputs, torch, seed=1)       # warm-up (compiles) and check
+            _check(name, comp, got, ref, torch)
+            res[comp] = {"fwd": [], "fwd_bwd": []}
+        g = _cotangent(ref[0], torch, seed=1).float()
+        for _ in range(rounds):
+            for comp, fn in comps.items():
+                res[comp]["fwd"].append(_time_fwd(fn, inputs, torch))
+                res[comp]["fwd_bwd"].append(_time_fwd_bwd(fn, inputs, g, torch))
+        out[name] = {c: {k: float(np.median(v)) * 1e3 for k, v in r.items()}
+                     for c, r in res.items()}
+        print(f"[{threads} thread{'s' if threads > 1 else ''}] {name}: " + ", ".join(
+            f"{c} {r['fwd']:.2f}/{r['fwd_bwd']:.2f} ms" for c, r in out[name].items()),
+            file=sys.stderr, flush=True)
+    return out
+
+
+def _cotangent(y, torch, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(y.shape, dtype=torch.float64, generator=gen)
+
+
+def _fwd_bwd(fn, inputs, torch, seed):
+    """(output, {name: gradient}) with gradients of sum(output * cotangent)."""
+    leaves = {n: v.detach().clone().requires_grad_(v.is_floating_point())
+              for n, v in inputs.items()}
+    y = fn(leaves)
+    y.backward(_cotangent(y, torch, seed).to(y.dtype))
+    return y.detach(), {n: v.grad for n, v in leaves.items() if v.grad is not None}
+
+
+def _check(name, comp, got, ref, torch):
+    y, grads = got
+    ry, rgrads = ref
+    pairs = [("output", y, ry)] + [(f"d{n}", grads.get(n), g) for n, g in rgrads.items()]
+    for what, a, b in pairs:
+        if a is None:
+            raise AssertionError(f"{name}/{comp}: no gradient {what}")
+        a = a.double().contiguous()
+        err = float((a - b).abs().max() / (b.abs().max() + 1e-30))
+        if err > 2e-3:
+            raise AssertionError(f"{name}/{comp}: {what} differs from the float64 reference "
+                                 f"by {err:.2e} (relative to its largest element)")
+
+
+def _time_fwd(fn, inputs, torch):
+    with torch.no_grad():
+        t = time.perf_counter()
+        fn(inputs)
+        return time.perf_counter() - t
+
+
+def _time_fwd_bwd(fn, inputs, g, torch):
+    leaves = {n: v.detach().requires_grad_(v.is_floating_point()) for n, v in inputs.items()}
+    t = time.perf_counter()
+    fn(leaves).backward(g)
+    return time.perf_counter() - t
+
+
+# ----------------------------------------------------------------------------- driver
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="3 rounds instead of 9")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker is not None:
+        json.dump(run_worker(args.worker, args.quick, args.only), sys.stdout)
+        return
+    import tullio_py
+    report = {"tullio_py": os.path.dirname(tullio_py.__file__), "quick": args.quick,
+              "load_average_start": os.getloadavg(), "threads": {}}
+    for n in args.threads:
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n),
+                   MKL_NUM_THREADS=str(n), NUMBA_NUM_THREADS=str(n))
+        cmd = [sys.executable, __file__, "--worker", str(n)] + (["--quick"] if args.quick else [])
+        cmd += ["--only", *args.only] if args.only else []
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        sys.stderr.write(done.stderr)
+        if done.returncode:
+            raise SystemExit(done.returncode)
+        report["threads"][str(n)] = json.loads(done.stdout)
+    report["load_average_end"] = os.getloadavg()
+    table(report)
+    os.makedirs(RESULTS, exist_ok=True)
+    stem = os.path.join(RESULTS, "bench_layers" + (f"_{args.tag}" if args.tag else ""))
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    plot(report, stem + ".png")
+    print(f"wrote {stem}.json and .png")
+
+
+def table(report):
+    print(f"tullio_py from {report['tullio_py']}; load average {report['load_average_start']}"
+          " (other jobs share the machine)")
+    print(f"{'workload':22s} {'thr':>3s} {'competitor':22s} {'fwd ms':>9s} {'f+b ms':>9s}"
+          f" {'tullio/it fwd':>13s} {'f+b':>6s}")
+    for n, per in report["threads"].items():
+        for name, comps in per.items():
+            t = comps["tullio_py"]
+            for c, r in comps.items():
+                print(f"{name:22s} {n:>3s} {c:22s} {r['fwd']:9.2f} {r['fwd_bwd']:9.2f} "
+                      f"{t['fwd'] / r['fwd']:13.2f} {t['fwd_bwd'] / r['fwd_bwd']:6.2f}")
+
+
+def plot(report, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(next(iter(report["threads"].values())))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, mode in zip(axes, ("fwd", "fwd_bwd")):
+        width = 0.8 / len(report["threads"])
+        for k, (n, per) in enumerate(report["threads"].items()):
+            ratios = [per[w]["tullio_py"][mode] / min(r[mode] for c, r in per[w].items()
+                                                      if c != "tullio_py") for w in names]
+            ax.bar([i + k * width for i in range(len(names))], ratios, width,
+                   label=f"{n} thread{'s' if n != '1' else ''}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
+        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+        ax.set_title(f"{mode}: tullio_py time / best torch time (below 1: tullio_py faster)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

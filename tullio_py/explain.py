@@ -1,0 +1,143 @@
+"""`Kernel.explain(**arrays)`: what one call runs, how much work it is, and how close to the
+machine it gets.
+
+For the given arrays: the path (BLAS for a pure contraction over whole arrays, BLAS over
+strided views with its plan, or the generated loops with their order and threading), the
+statement's FLOPs (operations of the right-hand side per index tuple) and bytes (arrays read,
+output written), the measured time (median of a few calls; in-place outputs are updated on a
+copy), and the fraction of the machine's limit reached: the larger of FLOPs / sgemm peak and
+bytes / copy bandwidth, over the time.  The peak and the bandwidth are measured once (a float32
+1024 matmul and a 64 MB copy, on all threads) and stored in the tullio_py cache directory.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import blas as _blas, cache, jit, ranges as ranges_mod
+from .ir import Binary, Call, Compare, Unary, walk
+
+
+@dataclass(frozen=True)
+class Explanation:
+    path: str             # "blas", "blas_shift" or "loops"
+    detail: str           # the plan in words
+    threads: str
+    flops: int
+    bytes: int
+    seconds: float
+    peak_flops: float     # float32 sgemm flop/s of this machine
+    bandwidth: float      # copy bytes/s of this machine
+
+    @property
+    def fraction(self) -> float:
+        """max(flops / peak, bytes / bandwidth) / measured time (1.0: at the machine's limit)."""
+        return max(self.flops / self.peak_flops, self.bytes / self.bandwidth) / self.seconds
+
+    def __str__(self):
+        return (f"path: {self.path}: {self.detail}\nthreads: {self.threads}\n"
+                f"work: {self.flops:.4g} flop, {self.bytes:.4g} bytes\n"
+                f"time: {self.seconds * 1e3:.3f} ms ({self.flops / self.seconds / 1e9:.2f} "
+                f"GFLOP/s, {self.bytes / self.seconds / 1e9:.2f} GB/s)\n"
+                f"machine: {self.peak_flops / 1e9:.0f} GFLOP/s sgemm, "
+                f"{self.bandwidth / 1e9:.1f} GB/s copy -> {self.fraction:.1%} of the limit")
+
+
+def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
+    eq = k.equation
+    collected = k._collect(dict(arrays))
+    rng = k.ranges(**arrays)
+    out = collected.get(eq.output) if eq.assign != ":=" else None
+    dtype = out.dtype if out is not None else _dtype(k, collected)
+    shape = out.shape if out is not None else tuple(ranges_mod.output_shape(eq, rng,
+                                                                            k._extrema(collected)))
+    path, detail = _path(k, collected, rng, out, shape, dtype)
+    from . import schedule
+    n = schedule.thread_count(k.threads, jit.max_threads())
+    threads = ("BLAS's own threads" if path != "loops" else
+               f"{n or jit.max_threads()} (numba prange)" if "parallel" in detail else "1")
+    tuples = 1
+    for r in rng.values():
+        tuples *= len(r)
+    ops = sum(1 for e in walk(eq.rhs) if isinstance(e, (Binary, Unary, Call, Compare)))
+    flops = tuples * (ops + (1 if eq.reduction_indices or eq.assign != ":=" else 0))
+    nbytes = sum(collected[a].nbytes for a in dict.fromkeys(eq.arrays)
+                 if isinstance(collected[a], np.ndarray))
+    nbytes += int(np.prod(shape)) * dtype.itemsize * (2 if out is not None else 1)
+    seconds = _time(k, arrays, repeat)
+    peak, bw = limits()
+    return Explanation(path, detail, threads, int(flops), int(nbytes), seconds, peak, bw)
+
+
+def _dtype(k, collected):
+    from .kernel import result_dtype     # noqa: the dtype rule lives with the call path
+    return result_dtype(k.equation, collected)
+
+
+def _path(k, arrays, rng, out, shape, dtype):
+    eq = k.equation
+    if k._blas is not None and _blas.worth(k._blas, rng, arrays):
+        return "blas", f"pure contraction over whole arrays: einsum {k._blas.spec}"
+    if k._shift is not None:
+        strides = out.strides if out is not None else tuple(
+            np.empty(shape, dtype).strides)
+        p = k._shift.plan(arrays, rng, shape, strides, dtype)
+        if p is not None:
+            how = (f"loop over {', '.join(p.loop)} ({int(np.prod(p.steps))} steps) of "
+                   if p.loop else "one ")
+            kind = "gemm after an im2col copy" if p.im2col else "np.matmul over strided views"
+            return "blas_shift", (f"{how}{kind}, result {p.res_shape}; model "
+                                  f"{p.cost * 1e3:.3f} ms")
+    plan, _, _ = k.plan_for(arrays, rng, dtype, shape)
+    order = ", ".join(f"{l.index}{' (parallel)' if l.parallel else ''}" for l in plan.loops)
+    return "loops", f"generated loops, order {order} (outer to inner)"
+
+
+def _time(k, arrays: dict, repeat: int) -> float:
+    eq = k.equation
+    def call():
+        a = dict(arrays)
+        if eq.assign != ":=":
+            a[eq.output] = np.array(arrays[eq.output], copy=True)
+        t = time.perf_counter()
+        k(**a)
+        return time.perf_counter() - t
+    call()
+    return float(np.median([call() for _ in range(repeat)]))
+
+
+_LIMITS: list = []
+
+
+def limits() -> tuple[float, float]:
+    """(sgemm flop/s, copy bytes/s) of this machine, measured once and cached on disk."""
+    if _LIMITS:
+        return _LIMITS[0]
+    key = ("machine limits", 1)
+    got = cache.load_pickle(key)
+    if got is None:
+        got = _measure()
+        cache.store_pickle(key, got)
+    _LIMITS.append(got)
+    return got
+
+
+def _measure() -> tuple[float, float]:
+    rng = np.random.default_rng(0)
+    a = rng.random((1024, 1024), dtype=np.float32)
+    b = rng.random((8 << 20,))        # 64 MB
+    c = np.empty_like(b)
+
+    def best(f, n=5):
+        f()
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return min(ts)
+    peak = 2 * 1024 ** 3 / best(lambda: a @ a)
+    bw = 2 * b.nbytes / best(lambda: np.copyto(c, b))
+    return float(peak), float(bw)
