@@ -32,6 +32,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .blas import MIN_WORK, _factors
+from .memo import Memo
 from .ir import Access, Affine, Const, Equation, Param
 from .ranges import affine_bounds, output_shape
 
@@ -65,7 +66,7 @@ class Shifted:
         self.shifts = tuple(n for n in eq.indices
                             if any(len(s.terms) > 1 and n in s.names
                                    for a in accs for s in a.indices))
-        self.plans: dict = {}
+        self.plans = Memo("blas_shift.plans", 64)   # call signature -> Plan or None
 
     # ------------------------------------------------------------------ per call
     def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype):
@@ -77,11 +78,8 @@ class Shifted:
         try:
             return self.plans[key]
         except KeyError:
-            pass
-        if len(self.plans) >= 64:
-            self.plans.clear()
-        p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype)
-        return p
+            p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype)
+            return p
 
     def call(self, arrays: dict, rng: dict, out, dtype, pad=0):
         """Run through BLAS if the plan says so: the output (new for `:=`, else `out`, updated)
