@@ -119,7 +119,10 @@ def test_affine_slots():
     assert slot == Affine((("i", 2), ("k", 3)), -1)
     assert parse("y[i] := x[2*i+3*k-1] * h[k]") == eq
     assert parse("y[i] := x[i+i] ").rhs.indices[0] == Affine((("i", 2),), 0)
-    assert parse("y[i] := x[i+j-j]*z[j]").rhs.left.indices[0] == Affine((("i", 1),), 0)
+    # arithmetic that cancels to a plain index is still a shifted use, like i+0
+    assert parse("y[i] := x[i+j-j]*z[j]").rhs.left.indices[0] == Affine((("i", 1),), 0,
+                                                                         shifted=True)
+    assert not parse("y[i] := x[i+0]").rhs.indices[0].is_bare
     assert parse("y[i] := x[i, 2]").rhs.indices[1] == Affine((), 2)
 
 

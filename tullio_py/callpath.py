@@ -3,8 +3,9 @@
 What a call does beyond running the compiled loops -- checking the arrays, inferring ranges,
 choosing the output's shape and dtype, picking the specialisation, building the argument list --
 depends only on the names passed, each array's dtype, shape and strides, the types of scalar
-parameters, whether an in-place output is writeable, and the extrema of index arrays.  That is
-the key.  The first call with a key goes the full way and leaves behind a small generated
+parameters, whether an in-place output is writeable, and the extrema of index arrays over the
+elements the statement's text selects (its constant positions; a call whose loops read fewer
+elements than that is not remembered).  That is the key.  The first call with a key goes the full way and leaves behind a small generated
 function that allocates the output and calls the compiled kernel with its arguments in place
 (bounds baked in as constants); later calls with the same key run only that.
 
@@ -16,14 +17,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import memo, overlap
+from . import memo, overlap, ranges
 
 _ND = np.ndarray
 _SCALARS = (int, float, complex, bool)
 _MAX_ENTRIES = 256      # distinct keys remembered per kernel; past that, start again
 
 
-def _extrema(J):
+def _extrema(J, box):
+    """(min, max) of the elements of index array J that a statement can read (box: its
+    constant positions selected, as ranges.gather_extrema without ranges), None if none."""
+    try:
+        J = J[box]
+    except IndexError:          # a constant position outside J: the slow path reports it
+        return False
     return (int(J.min()), int(J.max())) if J.size else None
 
 
@@ -36,7 +43,10 @@ class CallCache:
         self.params = frozenset(eq.params)
         self.names = tuple(([eq.output] if self.in_place else []) + list(eq.arrays)
                            + list(eq.params))
-        self.gathers = tuple(dict.fromkeys(g.array for g in eq.gathers()))
+        self.gathers = []       # (index array, the elements its text selects), no repeats
+        for g in eq.gathers():
+            if (g.array, ranges.read_box(g)) not in self.gathers:
+                self.gathers.append((g.array, ranges.read_box(g)))
         self.threads = threads
         self.entries = memo.Memo("callpath.entries", _MAX_ENTRIES)
         self.key = self._key_function()
@@ -63,9 +73,10 @@ class CallCache:
                 parts += [f"{v[n]}.dtype", f"{v[n]}.shape", f"{v[n]}.strides"]
         if self.in_place:
             parts.append(f"{v[self.output]}.flags.writeable")
-        parts += [f"_extrema({v[g]})" for g in self.gathers]
+        parts += [f"_extrema({v[g]}, _box{i})" for i, (g, _) in enumerate(self.gathers)]
         lines.append(f"    return ({''.join(p + ', ' for p in parts)})")
-        ns = {"_ND": _ND, "_extrema": _extrema}
+        ns = {"_ND": _ND, "_extrema": _extrema,
+              **{f"_box{i}": box for i, (_, box) in enumerate(self.gathers)}}
         exec("\n".join(lines), ns)
         return ns["_key"]
 

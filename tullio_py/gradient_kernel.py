@@ -145,8 +145,9 @@ class Gradient:
         k, eq = self.fwd, self.fwd.equation
         shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
         ext = k._extrema(collected)
-        k._check_gathers(collected, ext)
         rng = ranges_mod.infer(eq, shapes, ext, k.given)
+        ext = k._extrema(collected, rng) if ext else ext     # the index values read
+        k._check_gathers(collected, ext)
         want = ranges_mod.output_shape(eq, rng, ext) if eq.assign == ":=" else shapes[eq.output]
         if cot.shape != tuple(want):
             raise GradientError(f"the cotangent has shape {cot.shape}, but the output "

@@ -33,10 +33,14 @@ FLOAT_FUNCS = ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tan", "tan
 # ----------------------------------------------------------------------------- index slots
 @dataclass(frozen=True)
 class Affine:
-    """sum(coef * index) + const, terms in order of first appearance, no zero coefficients."""
+    """sum(coef * index) + const, terms in order of first appearance, no zero coefficients.
+
+    `shifted` marks a plain index written as arithmetic (`i+0`, `0+i`, `i-0`): Tullio's way
+    to ask for the intersection of extents.  It is not bare, and prints as `i+0`."""
     terms: tuple[tuple[str, int], ...] = ()
     const: int = 0
     span: Span = field(default=None, compare=False)
+    shifted: bool = False
 
     @staticmethod
     def of(terms, const: int = 0, span: Span = None) -> "Affine":
@@ -51,7 +55,8 @@ class Affine:
 
     @property
     def is_bare(self) -> bool:
-        return len(self.terms) == 1 and self.terms[0][1] == 1 and self.const == 0
+        return (len(self.terms) == 1 and self.terms[0][1] == 1 and self.const == 0
+                and not self.shifted)
 
     def coef(self, name: str) -> int:
         return dict(self.terms).get(name, 0)
@@ -76,7 +81,7 @@ class Affine:
             sign = "-" if coef < 0 else ("+" if out else "")
             mag = abs(coef)
             out += f"{sign}{'' if mag == 1 else f'{mag}*'}{name}"
-        if self.const or not out:
+        if self.const or not out or self.shifted:
             out += f"{self.const:+d}" if out else str(self.const)
         return out
 

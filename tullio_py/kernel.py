@@ -247,26 +247,28 @@ class Kernel:
             if not out.flags.writeable:
                 raise ArgumentError(f"output '{eq.output}' is read-only", eq.text, eq.lhs.span)
 
-    def _extrema(self, arrays: dict) -> dict:
-        ext = {}
-        for g in self.equation.gathers():
-            J = arrays[g.array]
-            if J.size:
-                ext[g.array] = (int(J.min()), int(J.max()))
-        return ext
+    def _extrema(self, arrays: dict, rng: dict | None = None) -> dict:
+        """Index arrays' (min, max) over what the loops read (with rng), or over what the text
+        can read (without: range inference uses this over-estimate)."""
+        return ranges_mod.gather_extrema(self.equation, arrays, rng)
 
-    def _check_gathers(self, arrays: dict, ext: dict):
-        """Gathers without a shift cannot go through range inference: check values directly."""
+    def _check_gathers(self, arrays: dict, ext: dict, raises: bool = True) -> bool:
+        """Gathers without a shift cannot go through range inference: check values directly
+        (ext: the index values the loops read).  With raises=False, only say if they fit."""
         eq = self.equation
         for acc in ([eq.lhs] if eq.assign != ":=" else []) + eq.accesses():
             for d, s in enumerate(acc.indices):
                 if isinstance(s, Gather) and s.array in ext and not s.offset.terms:
                     lo, hi = ext[s.array][0] + s.offset.const, ext[s.array][1] + s.offset.const
                     n = arrays[acc.array].shape[d]
+                    if (lo < 0 or hi >= n) and not raises:
+                        return False
                     if lo < 0 or hi >= n:
                         raise RangeError(f"index array '{s.array}' holds values {lo}..{hi} (with "
-                                         f"offset), out of bounds for '{acc.array}' which has {n} "
-                                         f"along dimension {d}", eq.text, s.span)
+                                         f"offset) where the loops read it, out of bounds for "
+                                         f"'{acc.array}' which has {n} along dimension {d}",
+                                         eq.text, s.span)
+        return True
 
     def ranges(self, **arrays) -> dict[str, range]:
         """The range of every index for these arrays (what the loops iterate)."""
@@ -298,8 +300,9 @@ class Kernel:
         arrays = overlap.snapshot_aliases(eq, collected)   # inputs aliasing an in-place output
         shapes = {n: a.shape for n, a in arrays.items() if isinstance(a, np.ndarray)}
         ext = self._extrema(arrays)
-        self._check_gathers(arrays, ext)
         rng = ranges_mod.infer(eq, shapes, ext, self.given)
+        read = self._extrema(arrays, rng) if ext else ext
+        self._check_gathers(arrays, read)       # the index values the loops read
         if self._blas is not None and _blas.worth(self._blas, rng, arrays):
             return _blas.run(self._blas, eq, arrays, result_dtype(eq, arrays),
                              None if eq.assign == ":=" else arrays[eq.output])
@@ -310,7 +313,7 @@ class Kernel:
                 return done
         if eq.assign == ":=":
             dtype = result_dtype(eq, arrays)
-            shape = ranges_mod.output_shape(eq, rng, ext)
+            shape = ranges_mod.output_shape(eq, rng, read)
             out = np.full(shape, self.pad, dtype) if self._needs_fill() else np.empty(shape, dtype)
         else:
             out = arrays[eq.output]
@@ -324,8 +327,11 @@ class Kernel:
         args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
         self._launch(prepared, args)
         self._last = prepared
-        self._calls.remember(self, given, collected, prepared, args, out,
-                             eq.assign == ":=" and self._needs_fill())
+        # the fast path's key holds `ext`: a call with that key must be safe whatever it reads
+        if read == ext or (self._check_gathers(arrays, ext, raises=False) and not (
+                eq.assign == ":=" and any(isinstance(s, Gather) for s in eq.lhs.indices))):
+            self._calls.remember(self, given, collected, prepared, args, out,
+                                 eq.assign == ":=" and self._needs_fill())
         return out
 
     def run_with_ranges(self, arrays: dict, rng: dict, out: np.ndarray, params: dict):

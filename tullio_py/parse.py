@@ -32,6 +32,13 @@ def parse(text: str, extra_indices: tuple[str, ...] = ()) -> Equation:
     return _Parser(text, tuple(extra_indices)).equation()
 
 
+def _written(a: Affine, span) -> Affine:
+    """An index expression written with arithmetic; one that reduces to a plain index (`i+0`)
+    stays a shifted use (it intersects extents instead of demanding equal ones)."""
+    looks_bare = len(a.terms) == 1 and a.terms[0][1] == 1 and a.const == 0
+    return Affine(a.terms, a.const, span, shifted=looks_bare)
+
+
 class _Parser:
     def __init__(self, text: str, extra_indices: tuple[str, ...]):
         self.text = text
@@ -252,8 +259,8 @@ class _Parser:
             inner = self.index_expr(node.operand)
             if isinstance(inner, Gather):
                 self.fail("a gather can be shifted but not negated or scaled", node.span)
-            return Affine.of(inner.terms, inner.const, node.span).scale(
-                -1 if isinstance(node.op, ast.USub) else 1)
+            return _written(Affine.of(inner.terms, inner.const).scale(
+                -1 if isinstance(node.op, ast.USub) else 1), node.span)
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
             a, b = self.index_expr(node.left), self.index_expr(node.right)
             sign = 1 if isinstance(node.op, ast.Add) else -1
@@ -265,7 +272,7 @@ class _Parser:
             if isinstance(a, Gather):
                 return Gather(a.array, a.indices, a.offset + b.scale(sign), node.span)
             out = a + b.scale(sign)
-            return Affine(out.terms, out.const, node.span)
+            return _written(out, node.span)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             a, b = self.index_expr(node.left), self.index_expr(node.right)
             if isinstance(a, Gather) or isinstance(b, Gather):
@@ -275,7 +282,7 @@ class _Parser:
                           "allowed", node.span, "use a gather with a precomputed index array")
             k, e = (a.const, b) if not a.terms else (b.const, a)
             out = e.scale(k)
-            return Affine(out.terms, out.const, node.span)
+            return _written(out, node.span)
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitXor):
             self.fail("'^' is not a power in tullio_py", node.span, "use ** for powers")
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)):

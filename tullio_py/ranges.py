@@ -2,11 +2,37 @@
 
 Every array position gives a constraint `lo <= affine < hi` on the indices in it:
 - an index used only bare (`A[i]`) must have the same extent everywhere;
-- an index used shifted or scaled anywhere gets the intersection of all its constraints, so
-  every access is in bounds for every combination of the other indices ("valid" semantics);
+- an index used shifted or scaled anywhere (`A[i+1]`, `A[2i]`, and `A[i+0]`, which asks for
+  exactly this) gets the intersection of all its constraints, so every access is in bounds for
+  every combination of the other indices ("valid" semantics);
 - `ranges=` adds a constraint; `pad(e, lo, hi)` widens one; `pad(e)`, `clamp(e)`, `mod(e)`
-  drop it; a gather `A[J[k]+i]` treats J's values as an index running over [min J, max J].
+  drop it; a gather `A[J[k]+i]` treats J's values as an index running over [min, max] of
+  the elements of J the statement can read (`J[0,k]` reads row 0 only: gather_extrema); a
+  gather without an index in its offset (`A[J[k]]`) is checked once the ranges are known,
+  over exactly the elements the loops read.
 This is the only place that proves array accesses are in bounds: numba does not check them.
+
+A position holding several indices (`x[i+j]`) constrains them jointly, and when each of them
+already has a range of its own, some index must yield.  Which one never depends on the order
+the terms or factors are written in:
+1. positions holding one index give each index its own range (equal bare extents, intersected
+   shifted ones, `ranges=`);
+2. in a position whose indices all have their own ranges, the index of the lowest tier
+   yields (is narrowed): a left-hand index before a reduction index; an index given by
+   `ranges=` never yields.  Positions whose lowest index is a reduction index are settled
+   first, so each narrowing meets final ranges only; narrowings of one index intersect;
+3. an index with no range of its own is solved from the positions where it is the only index
+   left unknown, in waves (all indices of a wave at once, each over all such positions);
+4. every position is then checked; one that two indices of the same tier could both satisfy
+   by narrowing is a RangeError asking for `ranges=`, never a guess.
+
+Worked example: `y[i] := x[i+j] * h[j] * z[i]` with x of 10, h of 3, z of 10 elements.
+Step 1: i in 0:10 (from z), j in 0:3 (from h).  Step 2: x[i+j] needs 0 <= i+j < 10 for all
+pairs; i is a left-hand index, j a reduction index, so i yields: i + 2 < 10 gives i in 0:8, and
+each of y's 8 elements is the full three-term sum.  Writing `x[j+i]`, or the factors in any
+other order, gives the same.  (Narrowing j to 0:1 instead would silently drop two of the three
+terms from every element: the shape of the output, not its values, absorbs the shift.)
+`y[i,j] := x[i+j] * a[i] * b[j]` with x too short for a and b is the same-tier case of step 4.
 """
 from __future__ import annotations
 
@@ -99,7 +125,9 @@ def constraints(eq: Equation, shapes: dict[str, tuple[int, ...]],
                 out.append(Constraint(slot, 0, n, acc, d))
             elif isinstance(slot, Gather):
                 jlo, jhi = extrema.get(slot.array, (0, -1))
-                if jhi >= jlo:      # empty index array: nothing is read
+                # empty index array: nothing is read; no index in the offset: the values are
+                # checked against the elements read once the ranges are known (gather_extrema)
+                if jhi >= jlo and slot.offset.terms:
                     out.append(Constraint(slot.offset, -jlo, n - jhi, acc, d))
             elif slot.kind == "pad" and slot.lo is not None:
                 inner = slot.inner
@@ -109,12 +137,92 @@ def constraints(eq: Equation, shapes: dict[str, tuple[int, ...]],
     return out
 
 
+def read_box(g: Gather, rng: dict[str, range] | None = None) -> tuple:
+    """A numpy index selecting the elements of g's index array that the loops read (a superset
+    where a position mixes indices).  Constant positions select one element; without `rng`,
+    other positions select the whole dimension; with it, a position with one index selects
+    the strided slice that index runs over, one with several the interval they span."""
+    box = []
+    for a in g.indices:
+        if not a.terms:
+            box.append(a.const)
+        elif rng is None or any(n not in rng for n in a.names):
+            box.append(slice(None))
+        else:
+            b = affine_bounds(a, {n: (r.start, r.stop) for n, r in rng.items()})
+            if b is None:           # an empty range: nothing is read
+                box.append(slice(0, 0))
+            else:
+                step = abs(a.terms[0][1]) if len(a.terms) == 1 else 1
+                box.append(slice(b[0], b[1] + 1, step))
+    return tuple(box)
+
+
+def gather_extrema(eq: Equation, arrays: dict, rng: dict[str, range] | None = None) \
+        -> dict[str, tuple[int, int]]:
+    """(min, max) of each index array over the elements the statement reads from it (see
+    read_box; without `rng`, an over-estimate fixed by the statement's text alone).  An array
+    read at no element has no entry."""
+    out: dict[str, tuple[int, int]] = {}
+    for g in eq.gathers():
+        J = arrays[g.array]
+        if any(not (0 <= c < n) for c, n in zip(read_box(g), J.shape)
+               if isinstance(c, int)):
+            continue            # a constant position outside J: infer() reports it
+        part = J[read_box(g, rng)]
+        if part.size:
+            lo, hi = int(part.min()), int(part.max())
+            a, b = out.get(g.array, (lo, hi))
+            out[g.array] = (min(a, lo), max(b, hi))
+    return out
+
+
 def _fail(eq: Equation, rule: str, span, hint: str | None = None):
     raise RangeError(rule, eq.text or str(eq), span if eq.text else None, hint)
 
 
 def _describe(c: Constraint) -> str:
     return f"{c.source.array} has {c.hi if c.lo == 0 else c.hi - c.lo} along dimension {c.dim}"
+
+
+def _tiers(eq: Equation, known: dict, given: dict) -> dict[str, int]:
+    """Which index yields first when a position with several indices must be narrowed:
+    0 a left-hand index, 1 a reduction index, 2 an index given by `ranges=` (never narrowed)."""
+    left = set(eq.lhs_indices)
+    return {n: 2 if n in given else 0 if n in left else 1 for n in known}
+
+
+def _narrowed(c: Constraint, target: str, known: dict) -> tuple[int, int] | None:
+    """The range of `target` that keeps c true for every value of the other indices."""
+    rest = affine_bounds(c.expr, known, skip=target)
+    if rest is None:
+        return None
+    return interval_for(c.expr.coef(target), rest[0], rest[1], c.lo, c.hi)
+
+
+def _holds(c: Constraint, known: dict) -> bool:
+    b = affine_bounds(c.expr, known)
+    return b is None or (c.lo <= b[0] and b[1] < c.hi)
+
+
+def _solve_unknowns(eq: Equation, multi: list[Constraint], known: dict):
+    """Indices that only positions with several indices constrain, in waves: an index whose
+    other indices in some position are all known gets the intersection over every such
+    position, all indices of a wave at once (so the text's order plays no part)."""
+    while True:
+        wave: dict[str, tuple[int, int]] = {}
+        for c in multi:
+            unknown = [n for n in c.expr.names if n not in known]
+            if len(unknown) != 1:
+                continue
+            r = _narrowed(c, unknown[0], known)
+            if r is None:       # another index of the position has an empty range
+                r = (0, 0)
+            a, b = wave.get(unknown[0], r)
+            wave[unknown[0]] = (max(a, r[0]), min(b, r[1]))
+        if not wave:
+            return
+        known.update(wave)
 
 
 def infer(eq: Equation, shapes: dict[str, tuple[int, ...]],
@@ -129,6 +237,7 @@ def infer(eq: Equation, shapes: dict[str, tuple[int, ...]],
     first_bare: dict[str, Constraint] = {}
     for name, r in given.items():
         known[name] = (r.start, r.stop)
+    # 1. Positions holding one index: bare uses must agree, shifted ones intersect.
     for c in cons:
         if c.expr.terms and len(c.expr.terms) == 1:
             (name, coef), = c.expr.terms
@@ -155,40 +264,43 @@ def infer(eq: Equation, shapes: dict[str, tuple[int, ...]],
                                                                   or r.stop <= r.start):
                 _fail(eq, f"ranges= gives {name} the range {r.start}:{r.stop}, but "
                           f"{_describe(c)}", c.source.span)
-    # Positions with several indices: solve for the unknown one, or narrow a known shifted one.
+    # 2. Positions holding several indices, all with a range from step 1: the one index of
+    # the lowest tier yields, reduction tier first, so each target meets settled ranges only.
     multi = [c for c in cons if len(c.expr.terms) > 1]
-    changed = True
-    while changed:
-        changed = False
+    tier = _tiers(eq, known, given)
+    for t in (1, 0):
+        update: dict[str, tuple[int, int]] = {}
         for c in multi:
-            unknown = [n for n in c.expr.names if n not in known]
-            if len(unknown) > 1:
-                continue
-            if unknown:
-                target = unknown[0]
-            else:
-                movable = [n for n in c.expr.names if n not in strict and n not in given]
-                if not movable:
-                    movable = [n for n in c.expr.names if n not in strict]
-                if not movable:
-                    continue
-                target = movable[0]
-            rest = affine_bounds(c.expr, known, skip=target)
-            if rest is None:
-                continue
-            lo, hi = interval_for(c.expr.coef(target), rest[0], rest[1], c.lo, c.hi)
-            if target in known:
-                a, b = known[target]
-                lo, hi = max(a, lo), min(b, hi)
-                if (lo, hi) == (a, b) or (b <= a):
-                    continue
-            known[target] = (lo, hi)
-            changed = True
+            if any(n not in tier for n in c.expr.names):
+                continue        # holds an index step 3 solves for: that index yields
+            low = min(tier[n] for n in c.expr.names)
+            targets = [n for n in c.expr.names if tier[n] == low]
+            if low != t or len(targets) != 1:
+                continue        # several targets: checked in step 4
+            r = _narrowed(c, targets[0], known)
+            if r is not None:
+                a, b = update.get(targets[0], known[targets[0]])
+                update[targets[0]] = (max(a, r[0]), min(b, r[1]))
+        known.update(update)
+    # 3. Indices only such positions constrain are solved for.
+    _solve_unknowns(eq, multi, known)
     for name in eq.indices:
         if name not in known:
             _fail(eq, f"cannot infer the range of index {name}: no array position, or only "
                       "pad()/clamp()/mod() positions, constrain it", _first_use(eq, name),
                   f'pass ranges={{"{name}": ...}}, or use {name} bare in some array')
+    # 4. Every access is in bounds, or no rule says which index to narrow: an error.
+    for c in multi:
+        if not _holds(c, known):
+            names = ", ".join(c.expr.names)
+            if all(n in given for n in c.expr.names):
+                _fail(eq, f"ranges= gives {names} ranges that take {c.expr} outside "
+                          f"{c.lo}..{c.hi - 1}: {_describe(c)}", c.expr.span or c.source.span)
+            _fail(eq, f"{c.expr} must stay in {c.lo}..{c.hi - 1} ({_describe(c)}), and "
+                      f"nothing says which of {names} to narrow: each has a range of its own "
+                      "and none ranks below the others (left-hand indices yield before "
+                      "reduction indices)", c.expr.span or c.source.span,
+                  "give ranges= for all but one of them")
     return {n: range(a, max(a, b)) for n, (a, b) in known.items() if n in eq.indices or n in given}
 
 
