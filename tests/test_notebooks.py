@@ -27,6 +27,7 @@ NEEDS = {  # modules a notebook imports beyond numpy and tullio_py
     "02-local-convolution-in-pytorch.ipynb": ["matplotlib", "torch", "sklearn"],
     "03-reading-gradient-code.ipynb": ["sympy"],
     "04-benchmarks.ipynb": ["matplotlib"],
+    "05-dask.ipynb": ["dask", "distributed"],
 }
 TIMES: dict = {}
 
@@ -38,7 +39,7 @@ def _ensure_python3_kernelspec():
                        capture_output=True)
 
 
-def test_the_four_notebooks_exist():
+def test_the_notebooks_exist():
     names = [p.name for p in NOTEBOOKS]
     assert names == sorted(NEEDS), names
 
