@@ -176,6 +176,7 @@ def test_block_kernels_compile_once_for_every_block_shape():
         ks = [k for key, k in _kernels() if "o_i" in key[0] or "x[i + j]" in key[0]]
         compiled.append(sum(len(k._prepared) for k in ks))
     assert compiled[0] >= 1 and compiled[-1] == compiled[0], compiled
+    assert len({len(c) for c in [(7,), (5,), (9,), (13,), (6, 17, 30, 7)]}) > 1
 
 
 def _kernels():
@@ -202,6 +203,16 @@ def test_unsupported_statements_raise_lowering_error():
     got = tullio("H[J[i]] = w[i]", H=H, w=w.rechunk(6), J=J.rechunk(6))
     want = tullio("H[J[i]] = w[i]", H=np.zeros(3), w=w.compute(), J=J.compute())
     np.testing.assert_array_equal(got.compute(), want)
+
+
+def test_unknown_chunk_sizes_are_an_argument_error():
+    from tullio_py import ArgumentError
+    x = da.from_array(np.arange(6.0), chunks=2)
+    x = x[x > 2]                       # chunk sizes unknown until computed
+    with pytest.raises(ArgumentError, match="unknown chunk sizes"):
+        tullio("y[i] := x[i]", x=x)
+    np.testing.assert_array_equal(tullio("y[i] := x[i]", x=x.compute_chunk_sizes()).compute(),
+                                  [3.0, 4.0, 5.0])
 
 
 def test_import_of_the_frontend_does_not_import_dask():
@@ -253,9 +264,17 @@ def test_local_cluster_of_processes_gives_the_same_numbers(cluster):
     for name in want:
         np.testing.assert_allclose(g[name], want[name], rtol=1e-10)
     np.testing.assert_allclose(C, A @ B, rtol=1e-12)
-    # the workers compiled with one numba thread per task
-    threads = cluster.run(lambda: __import__("numba").get_num_threads())
-    assert set(threads.values()) <= {1, __import__("numba").config.NUMBA_NUM_THREADS}
+
+    # blocks run on one numba thread unless threads= asks for more, and never on more than
+    # the worker's thread count
+    from tullio_py.frontends import dask_graph
+    opts = tuple(sorted(dict(threads=4, target="cpu", pad=0, fastmath=False, blas=True,
+                             ranges=None).items()))
+    assert dask_graph._kernel("y[i] := x[i]", opts).threads == 4
+    assert cluster.submit(lambda: dask_graph._kernel("y[i] := x[i]", opts).threads,
+                          pure=False).result() == 1
+    assert dask_frontend._options(kernel(LOCAL), 0)["threads"] == 1
+    assert dask_frontend._options(kernel(LOCAL, threads=3), 0)["threads"] == 3
 
 
 def test_out_of_core_input_four_times_the_memory_limit():
