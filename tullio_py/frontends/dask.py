@@ -49,13 +49,14 @@ def call(k, arrays: dict):
     from ..kernel import result_dtype
     eq = k.equation
     collected, values = _inputs(k, arrays)
-    ext = k._extrema(collected)
-    k._check_gathers(collected, ext)
     shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
+    ext = k._extrema(collected)
     rng = ranges_mod.infer(eq, shapes, ext, k.given)
+    read = k._extrema(collected, rng) if ext else ext
+    k._check_gathers(collected, read)       # the index values the loops read, checked once
     if eq.assign == ":=":
         old, dtype = None, result_dtype(eq, collected)
-        out_shape = ranges_mod.output_shape(eq, rng, ext)
+        out_shape = ranges_mod.output_shape(eq, rng, read)
     else:
         old = values[eq.output]
         dtype, out_shape = old.dtype, old.shape

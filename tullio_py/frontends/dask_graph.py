@@ -14,6 +14,7 @@ import operator
 import sys
 import threading
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
@@ -129,7 +130,7 @@ class Blocks:
                 for d, s in enumerate(slots):
                     a = slot_affine(s)
                     if a is not None:
-                        g["local"][d].append(Affine(a[0].terms, a[0].const - g["K"][d]))
+                        g["local"][d].append(replace(a[0], const=a[0].const - g["K"][d]))
         self.guarded = schedule.find_guards(work, opts["pad"])[1]
 
     # ------------------------------------------------------------------ the block statement
@@ -139,7 +140,7 @@ class Blocks:
         for d, s in enumerate(slots):
             a = slot_affine(s)
             if a is not None:
-                new = Affine(a[0].terms, a[0].const - g["K"][d], a[0].span)
+                new = replace(a[0], const=a[0].const - g["K"][d])
                 out.append(Wrapped("pad", new, s.lo, s.hi, s.span) if a[1] else new)
             else:
                 out.append(self._whole(s))
