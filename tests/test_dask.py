@@ -153,6 +153,22 @@ def test_graph_reads_windows_not_whole_inputs():
         assert len(d & x_keys) <= 2 * 3
 
 
+def test_blocks_large_enough_for_blas_over_shifted_views():
+    """A block statement that blas_shift.py runs (a new array per call) still fills the block
+    (Kernel.run_with_ranges writes into the output it is given)."""
+    r = np.random.default_rng(9)
+    x = r.standard_normal((64, 64, 4, 64), dtype=np.float32)
+    W = r.standard_normal((3, 3, 4, 2)).astype(np.float32)
+    expr = "y[s,t,c2,b] := x[s+i,t+j,c1,b] * W[i,j,c1,c2]"
+    k = kernel(expr)
+    want = k(x=x, W=W)
+    got = tullio(expr, x=da.from_array(x, chunks=(32, 64, 4, 64)), W=W).compute()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    out = np.full(want.shape, np.nan, np.float32)
+    k.run_with_ranges({"x": x, "W": W}, k.ranges(x=x, W=W), out, {})
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
 def test_gathered_arrays_are_read_whole_and_checked_once():
     A = np.arange(12.0).reshape(6, 2)
     J = np.array([5, 0, 2, 2, 1])

@@ -342,9 +342,12 @@ class Kernel:
         if self._whole_blas(arrays, rng, out):
             _blas.run(self._blas, self.equation, {**arrays, **params}, out.dtype, out)
             return None
-        if (self._shift is not None
-                and self._shift.call({**arrays, **params}, rng, out, out.dtype) is not None):
-            return None
+        if self._shift is not None:
+            done = self._shift.call({**arrays, **params}, rng, out, out.dtype, self.pad)
+            if done is not None:
+                if done is not out:     # ':=' makes a new array: its values go into `out`
+                    out[...] = done
+                return None
         prepared, call_ranges, extra = self._prepare(arrays, rng, out.dtype, out.shape)
         self._launch(prepared, self._arguments(prepared, {**arrays, **params}, out,
                                                call_ranges, extra))
