@@ -1,7 +1,7 @@
 """tullio_py kernels inside a torch training step: 1 and 2 threads, each numba threading layer,
 on an idle machine and next to another multi-threaded process.
 
-    python benchmarks/bench_threads.py [--repeat 40] [--layers tbb,omp,workqueue]
+    python benchmarks/bench_threads.py [--repeat 30] [--layers tbb,omp,workqueue]
 
 The step: token mixing by attention written as two tullio_py expressions (blas=False, so the
 compiled loops run, not BLAS), torch's Linear layers and softmax around them (torch's own thread
@@ -9,9 +9,11 @@ pool), forward + backward.  torch.set_num_threads(t) sets the thread count; tull
 frontend gives its kernels the same count.  Each configuration runs in a fresh process whose
 NUMBA_THREADING_LAYER picks the layer ("omp" is what numba chose before tullio_py loaded TBB
 itself); "passive" rows add OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep at once instead of
-spinning after a parallel region).  "loaded": a second process runs a 2-thread numpy matmul
-loop on the same cores during the measurement.  Reported: the median step time and its ratio
-to the same layer and thread count on the idle machine.
+spinning after a parallel region).  "kernels" rows time the same two kernels and their vjps on
+numpy arrays without any torch op, which separates numba's pool from torch's.  "loaded": a
+second process runs a 2-thread numpy matmul loop on the same cores during the measurement.
+Reported: median times and their ratio to the same row without that process ("idle" is the
+machine as it is: other work on it shows in the load average printed first).
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import time
 B, T, D = 8, 128, 32
 
 
-def worker(threads: int, repeat: int) -> dict:
+def worker(threads: int, repeat: int, mode: str) -> dict:
+    import numpy as np
     import torch
     torch.set_num_threads(threads)
     from tullio_py import jit, kernel
@@ -34,8 +37,16 @@ def worker(threads: int, repeat: int) -> dict:
     torch.manual_seed(0)
     qkv, proj = torch.nn.Linear(D, 3 * D), torch.nn.Linear(D, D)
     x = torch.randn(B, T, D)
+    rng = np.random.default_rng(0)
+    q, p = rng.standard_normal((B, T, D), np.float32), rng.random((B, T, T), np.float32)
 
-    def step():
+    def kernels_only():         # the same kernels and gradients on numpy arrays, no torch op
+        with jit.thread_budget(threads):
+            s, o = scores(Q=q, K=q), mix(P=p, V=q)
+            scores.vjp(s, Q=q, K=q)
+            mix.vjp(o, P=p, V=q)
+
+    def torch_step():
         q, k, v = qkv(x).split(D, dim=-1)
         p = torch.softmax(scores(Q=q, K=k) / D ** 0.5, dim=-1)
         out = proj(mix(P=p, V=v))
@@ -44,6 +55,7 @@ def worker(threads: int, repeat: int) -> dict:
             for w in m.parameters():
                 w.grad = None
 
+    step = torch_step if mode == "step" else kernels_only
     for _ in range(3):
         step()
     times = []
@@ -65,7 +77,7 @@ def _load():
         a /= np.abs(a).max()
 
 
-def run(layer: str, threads: int, loaded: bool, passive: bool, repeat: int) -> dict:
+def run(layer: str, threads: int, loaded: bool, passive: bool, repeat: int, mode: str) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, NUMBA_THREADING_LAYER=layer)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -78,7 +90,7 @@ def run(layer: str, threads: int, loaded: bool, passive: bool, repeat: int) -> d
                                          OMP_NUM_THREADS="2", MKL_NUM_THREADS="2"))
         time.sleep(1.0)
     try:
-        r = subprocess.run([sys.executable, __file__, "--worker", str(threads), str(repeat)],
+        r = subprocess.run([sys.executable, __file__, "--worker", str(threads), str(repeat), mode],
                            capture_output=True, text=True, env=env, check=True, timeout=600)
     finally:
         if load is not None:
@@ -89,32 +101,33 @@ def run(layer: str, threads: int, loaded: bool, passive: bool, repeat: int) -> d
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=40)
+    ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--layers", default="tbb,omp,workqueue")
-    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.load:
         _load()
         return
     if a.worker:
-        print(json.dumps(worker(int(a.worker[0]), int(a.worker[1]))))
+        print(json.dumps(worker(int(a.worker[0]), int(a.worker[1]), a.worker[2])))
         return
-    run("tbb", 1, False, False, 1)                   # compile once (the disk cache)
+    run("tbb", 1, False, False, 1, "step")          # compile once (the disk cache)
     configs = [(layer, False) for layer in a.layers.split(",")] + [("tbb", True)]
-    print(f"attention (B={B}, T={T}, D={D}) forward+backward step inside torch, median of "
-          f"{a.repeat} steps; loadavg {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'layer':<16}{'threads':>8}{'idle ms':>10}{'loaded ms':>11}{'loaded/idle':>13}"
-          f"{'p90 loaded/idle':>17}")
+    print(f"attention (B={B}, T={T}, D={D}) forward+backward: 'step' inside torch, 'kernels' the "
+          f"tullio_py kernels and vjps alone; median of {a.repeat}; loadavg "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'layer':<16}{'threads':>8}{'mode':>9}{'idle ms':>10}{'loaded ms':>11}"
+          f"{'loaded/idle':>13}")
     for layer, passive in configs:
         for threads in (1, 2):
-            idle = run(layer, threads, False, passive, a.repeat)
-            busy = run(layer, threads, True, passive, a.repeat)
-            name = idle["layer"] + (" passive" if passive else "")
-            print(f"{name:<16}{threads:>8}{idle['median_s'] * 1e3:10.2f}"
-                  f"{busy['median_s'] * 1e3:11.2f}{busy['median_s'] / idle['median_s']:13.2f}"
-                  f"{busy['p90_s'] / idle['p90_s']:17.2f}", flush=True)
-
+            for mode in ("step", "kernels"):
+                idle = run(layer, threads, False, passive, a.repeat, mode)
+                busy = run(layer, threads, True, passive, a.repeat, mode)
+                name = idle["layer"] + (" passive" if passive else "")
+                print(f"{name:<16}{threads:>8}{mode:>9}{idle['median_s'] * 1e3:10.2f}"
+                      f"{busy['median_s'] * 1e3:11.2f}"
+                      f"{busy['median_s'] / idle['median_s']:13.2f}", flush=True)
 
 if __name__ == "__main__":
     main()
