@@ -163,14 +163,15 @@ def _choose_layer():
 
 
 def _load_tbb() -> bool:
-    """Whether numba's TBB layer can load: libtbb (2021.6 or later) loaded by name, or by its
-    path in the environment's lib/ or among the files of the installed `tbb` distribution."""
+    """Whether numba's TBB layer can load: libtbb (2021.6 or later) loaded by its path in the
+    environment's lib/ or among the files of the installed `tbb` distribution (first: an older
+    system copy found by name would shadow it), else by name."""
     import ctypes
     name = _TBB_NAMES.get(sys.platform)
     if name is None:
         return False
     lib = None
-    for path in [name, *_tbb_paths(name)]:
+    for path in [*_tbb_paths(name), name]:
         try:
             lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
             break
