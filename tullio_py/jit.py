@@ -201,7 +201,8 @@ def _tbb_paths(name: str) -> list:
                 dirs.append(os.path.dirname(str(f.locate())))
     except Exception:                    # no tbb distribution, or an unreadable record
         pass
-    return [p for p in (os.path.join(d, name) for d in dict.fromkeys(dirs)) if os.path.exists(p)]
+    paths = dict.fromkeys(os.path.normpath(os.path.join(d, name)) for d in dirs)
+    return [p for p in paths if os.path.exists(p)]
 
 
 def _after_fork_in_child():
