@@ -232,3 +232,32 @@ def test_errors_read_as_on_cpu():
 def test_scatter_without_an_atomic_is_an_error():
     with pytest.raises(TullioError, match="cannot combine a scattered"):
         tullio("H[J[i]] += w[i]", H=np.zeros(5, complex), w=np.ones(9, complex), J=J, target="cuda")
+
+
+NAN_A = r.standard_normal((9, 40))
+NAN_A[1, 0] = NAN_A[2, 39] = NAN_A[3, 17] = np.nan
+NAN_A[5, :] = np.nan
+NAN_J = np.array([1, 3, 3, 0, 3, 1, 4, 2, 4])
+NAN_CASES = [
+    ("(max) M[i] := A[i,j]", lambda A: A.max(1), {}),                   # map
+    ("(min) M[j] := A[i,j]", lambda A: A.min(0), {}),
+    ("(max) m := A[i,j]", lambda A: A.max(), {"threads": 64}),          # scalar, atomic
+    ("(min) m := A[i,j]", lambda A: A.min(), {"threads": 64}),
+    ("(max) H[J[i]] := A[i,j]",                                         # scatter, atomic
+     lambda A: np.array([A[NAN_J == h].max() for h in range(5)]), {}),
+    ("y[i,j] := max(A[i,j], -A[8-i,j]) + relu(A[i,j]) + min(A[i,j], 0.5)",
+     lambda A: np.maximum(A, -A[::-1]) + np.maximum(A, 0) + np.minimum(A, 0.5), {}),
+]
+
+
+@pytest.mark.parametrize("expr,want,opts", NAN_CASES, ids=[c[0] for c in NAN_CASES])
+def test_nan_propagates(expr, want, opts):
+    """(max)/(min) and max/min/relu propagate NaN as numpy does, through the block
+    reductions and the atomics (CUDA's float atomic max ignores a NaN value)."""
+    A = NAN_A.astype(np.float32)
+    for a in (NAN_A, A):
+        got = _quiet(tullio, expr, target="cuda", **opts, A=a, **({"J": NAN_J} if "J" in expr else {}))
+        np.testing.assert_array_equal(got, want(a))
+    A[:] = np.nan
+    got = _quiet(tullio, "(max) m := A[i,j]", target="cuda", threads=64, A=A)
+    assert np.isnan(got)

@@ -95,3 +95,14 @@ def test_a_scatter_and_a_block_reduction_use_atomics():
     assert src.atomic and src.kind == "scalar"
     src = _check(kernel("(*) p := x[i]", target="cuda"), dict(x=np.ones(4)))
     assert not src.atomic and src.partials
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_nan_propagating_max_min_compile(dtype):
+    """(max)/(min) with their NaN checks (and the plain store of a NaN beside the atomic),
+    and the written-out elementwise max/min/relu, compile for the device."""
+    A, J = np.ones((9, 4), dtype), np.array([1, 3, 3, 0, 3, 1, 4, 2, 4])
+    for expr in ("(max) M[i] := A[i,j]", "(min) m := A[i,j]", "(max) H[J[i]] := A[i,j]",
+                 "y[i,j] := max(A[i,j], A[8-i,j]) + relu(A[i,j]) + min(A[i,j], 2)"):
+        src = _check(kernel(expr, target="cuda"), dict(A=A, **({"J": J} if "J" in expr else {})))
+        assert ("_w != _w" in src.text) == (src.atomic and dtype != np.int32 and "max(" not in expr)

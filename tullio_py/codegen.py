@@ -44,6 +44,15 @@ def range_argument(name: str, ranges: dict):
     return None
 
 
+def better(red: str, v: str, acc: str, dtype: np.dtype) -> str:
+    """The condition under which `v` replaces `acc` in a (max)/(min) reduction.  For floats a
+    NaN value wins and then stays (nothing compares greater than NaN), so NaN propagates as
+    in numpy and torch; `|` of two comparisons keeps the update a branch-free select that the
+    compiler vectorises."""
+    cmp = f"{v} {'>' if red == 'max' else '<'} {acc}"
+    return f"({cmp}) | ({v} != {v})" if dtype.kind in "fc" else cmp
+
+
 def identity_code(reducer: str, dtype: np.dtype) -> str:
     if reducer == "+":
         return "_T(0)"
@@ -113,12 +122,12 @@ class _Render:
             if f == "where":
                 cond = self.condition(e.args[0])
                 return f"({args[1]} if {cond} else {args[2]})"
-            if f in ("max", "min"):
-                return f"{f}({args[0]}, {args[1]})"
+            if f in ("max", "min"):         # NaN propagates, as in np.maximum / np.minimum
+                return f"_np.{f}imum({args[0]}, {args[1]})"
             if f == "sigmoid":
                 return f"(1.0 / (1.0 + _np.exp(-{args[0]})))"
             if f == "relu":
-                return f"max({args[0]}, 0)"
+                return f"_np.maximum({args[0]}, 0)"
             if f == "real":
                 return f"({args[0]}).real"
             if f == "imag":
@@ -260,8 +269,7 @@ class _Render:
             return f"{target} += {v}"
         if red == "*":
             return f"{target} *= {v}"
-        op = ">" if red == "max" else "<"
-        return f"_v = {v}\nif _v {op} {target}:\n    {target} = _v"
+        return f"_v = {v}\n{target} = _v if {better(red, '_v', target, self.dtype)} else {target}"
 
     def choose_hoists(self) -> dict:
         """Reads that do not depend on the innermost loop are read once, just inside the
@@ -412,16 +420,24 @@ class _Render:
         base = ("_clo", "_chi") if self.plan.chunked == v else None
         start, stop, _ = self.loop_bounds(loop, set(self.opened), list(self.plan.guards), base)
         red = self.eq.reducer
-        op = ">" if red == "max" else "<"
         value = self.rhs_without_guards()
         if v in self.nonneg:
             start = f"max({start}, 0)"
         self.emit(f"_lo = {start}\n_hi = {stop}\n_e = _lo + max(_hi - _lo, 0) // {L} * {L}")
         self.emit("\n".join(f"_a{l} = {'_T(0)' if red == '+' else '_acc'}" for l in range(L)))
+        # (max)/(min) of floats: the lanes compare plainly (one max instruction each) and one
+        # flag records whether a NaN was seen, which then is the result (0.59 vs 0.55 ms for a
+        # 2000x2000 row max without the check; a NaN-propagating select per lane: 1.09 ms).
+        nan_flag = red != "+" and self.dtype.kind == "f"
+        if nan_flag:
+            self.emit("_nan = False")
         self.emit(f"for _j in range(max(_hi - _lo, 0) // {L}):")
         self.depth += 1
         for l in range(L):
-            step = (f"_a{l} += _x" if red == "+" else f"_a{l} = _x if _x {op} _a{l} else _a{l}")
+            step = (f"_a{l} += _x" if red == "+" else
+                    f"_a{l} = _x if _x {'>' if red == 'max' else '<'} _a{l} else _a{l}")
+            if nan_flag:
+                step += "\n_nan = _nan | (_x != _x)"
             self.emit(f"{v} = _lo + _j * {L} + {l}\n_x = {value}\n{step}")
         self.depth -= 1
         self.emit(f"for _k in range(_hi - _e):\n    {v} = _e + _k")
@@ -435,7 +451,9 @@ class _Render:
             self.emit(f"_acc += {pairs[0]}")
             return
         for l in range(L):
-            self.emit(f"if _a{l} {op} _acc:\n    _acc = _a{l}")
+            self.emit(f"if {better(red, f'_a{l}', '_acc', self.dtype)}:\n    _acc = _a{l}")
+        if nan_flag:
+            self.emit("if _nan:\n    _acc = _T(_np.nan)")
 
     def render_row(self):
         """Left loops outside, then the reductions, then the contiguous left index innermost:

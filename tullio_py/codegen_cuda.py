@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .codegen import _Render, identity_code
+from .codegen import _Render, better, identity_code
 from .errors import ArgumentError
 from .ir import Call, Param
 from .schedule import Loop, Plan
@@ -55,7 +55,14 @@ class _CudaRender(_Render):
     """CPU renderer with the CUDA math library (numpy ufuncs do not compile in kernels)."""
 
     def expr(self, e) -> str:
-        if isinstance(e, Call) and e.func not in ("where", "max", "min", "relu", "real", "imag"):
+        if isinstance(e, Call) and e.func in ("max", "min", "relu"):
+            # As np.maximum / np.minimum: a NaN argument is the result.  Written out (a device
+            # function would need a GPU to compile to PTX), so `a` appears twice.
+            a = self.expr(e.args[0])
+            b = "0" if e.func == "relu" else self.expr(e.args[1])
+            op = "<" if e.func == "min" else ">"
+            return f"({a} if ({a} {op} {b}) | ({a} != {a}) else {b})"
+        if isinstance(e, Call) and e.func not in ("where", "real", "imag"):
             a = self.expr(e.args[0])
             mod = "cmath" if self.dtype.kind == "c" else "math"
             f = e.func
@@ -100,12 +107,22 @@ class _Lines:
         return "\n".join("    " * d + s for d, s in self.body) + "\n"
 
 
-def _combine(red: str, target: str, v: str) -> str:
+def _combine(red: str, target: str, v: str, dtype) -> str:
     if red == "+":
         return f"{target} += {v}"
     if red == "*":
         return f"{target} *= {v}"
-    return f"_v = {v}\nif _v {'>' if red == 'max' else '<'} {target}:\n    {target} = _v"
+    return f"_v = {v}\nif {better(red, '_v', target, dtype)}:\n    {target} = _v"
+
+
+def _atomic(red: str, array: str, index: str, v: str, dtype) -> str:
+    """Atomic combine of `v` into array[index].  CUDA's float atomic max/min ignore a NaN
+    value, so a NaN is stored plainly instead (and then stays: those atomics leave a NaN
+    element as it is)."""
+    if red in ("max", "min") and dtype.kind == "f":
+        return (f"_w = {v}\nif _w != _w:\n    {array}[{index}] = _w\nelse:\n"
+                f"    cuda.atomic.{_ATOMIC[red]}({array}, {index}, _w)")
+    return f"cuda.atomic.{_ATOMIC[red]}({array}, {index}, {v})"
 
 
 def render(plan: Plan) -> CudaSource:
@@ -197,7 +214,7 @@ def render(plan: Plan) -> CudaSource:
             base = out.depth
             out.add(f"_acc = {ident}")
             inner_loops(out)
-            out.add(_combine(eq.reducer, "_acc", value))
+            out.add(_combine(eq.reducer, "_acc", value, dtype))
             out.depth = base
             result = fin("_acc")
         else:
@@ -227,13 +244,13 @@ def render(plan: Plan) -> CudaSource:
         if inner:
             out.add(f"_acc = {identity_code(red, dtype)}")
             inner_loops(out)
-            out.add(_combine(red, "_acc", value))
+            out.add(_combine(red, "_acc", value, dtype))
             out.depth = base
             acc = "_acc"
         else:
             acc = value
         acc = f"-({acc})" if eq.assign == "-=" else acc
-        out.add(f"cuda.atomic.{_ATOMIC[red]}({eq.output}, {lhs_tuple}, _T({acc}))")
+        out.add(_atomic(red, eq.output, lhs_tuple, f"_T({acc})", dtype))
         atomic = True
         kernels.append("_tullio_kernel")
         text += signature("_tullio_kernel") + "\n" + out.text()
@@ -244,7 +261,7 @@ def render(plan: Plan) -> CudaSource:
         out.add(f"_acc = {ident}")
         base = out.depth
         thread_loops(out)
-        out.add(_combine(red, "_acc", value))
+        out.add(_combine(red, "_acc", value, dtype))
         out.depth = base
         out.add("_sm = cuda.shared.array(0, _DT)\n"
                 "_tid = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y + "
@@ -253,13 +270,15 @@ def render(plan: Plan) -> CudaSource:
                 "_s = (cuda.blockDim.x * cuda.blockDim.y * cuda.blockDim.z) // 2\n"
                 "while _s > 0:\n    if _tid < _s:")
         out.depth += 2
-        out.add(_combine(red, "_sm[_tid]", "_sm[_tid + _s]"))
+        out.add(_combine(red, "_sm[_tid]", "_sm[_tid + _s]", dtype))
         out.depth -= 1
         out.add("cuda.syncthreads()\n_s //= 2")
         out.depth -= 1
         out.add("if _tid == 0:")
         if atomic:
-            out.add(f"    cuda.atomic.{_ATOMIC[red]}(_red, 0, _sm[0])")
+            out.depth += 1
+            out.add(_atomic(red, "_red", "0", "_sm[0]", dtype))
+            out.depth -= 1
             kernels.append("_tullio_init")
             text += (signature("_tullio_init") + "\n    if cuda.grid(1) == 0:\n"
                      f"        _red[0] = {ident}\n")
@@ -276,7 +295,7 @@ def render(plan: Plan) -> CudaSource:
         else:
             fin_lines.add(f"_acc = {ident}\nfor _b in range(_red.shape[0]):")
             fin_lines.depth += 1
-            fin_lines.add(_combine(red, "_acc", "_red[_b]"))
+            fin_lines.add(_combine(red, "_acc", "_red[_b]", dtype))
             fin_lines.depth -= 1
         store = {":=": "=", "=": "=", "+=": "+=", "-=": "-=", "*=": "*="}[eq.assign]
         fin_lines.add(f"{lhs} {store} {fin('_acc')}")

@@ -16,7 +16,9 @@ Rules beyond plain calculus:
 - `where`, `relu`, `max`, `min`: the gradient flows only through the chosen branch, written as
   `where(cond, da, db)` so that an unchosen branch's inf/nan never reaches the result;
 - `(max)`/`(min)`: the gradient goes to the first extremal tuple in index order, found by a
-  helper statement `(min) out_arg[L] := where(RHS == out[L], <linear index>, <none>)`;
+  helper statement `(min) out_arg[L] := where(RHS == out[L], <linear index>, <none>)`; NaN
+  propagates through the reduction, and a NaN result sends the gradient to the first NaN
+  tuple (`where(RHS != RHS, <linear index>, <none>)` in the helper's last branch);
 - finalisers: `out = f(acc)`, so `f'(acc)` is written through `out` where f is invertible
   (`exp: out`, `sqrt: 0.5/out`, ...), else through a helper `out_pre[L] := RHS`;
 - complex arrays (Wirtinger calculus): dx += conj(dRHS/dx) * dout + dRHS/dconj(x) * conj(dout).
@@ -192,9 +194,12 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool) -> Deriva
         none = _fresh(NONE_INDEX, taken)
         params.append((none, ("none", red)))
         arg = _fresh(eq.output + "_arg", taken)
-        cond = Compare(("==",), (body, reduced))
+        # The first tuple whose value is the result; a NaN result came from the first NaN
+        # (NaN propagates through (max)/(min); torch's max(dim) picks that position too).
+        found = Call("where", (Compare(("!=",), (body, body)), lin, Param(none)))
+        found = Call("where", (Compare(("==",), (body, reduced)), lin, found))
         helpers.append(Equation(Access(arg, eq.lhs.indices), ":=",
-                                _times(Call("where", (cond, lin, Param(none))), *masks), "min"))
+                                _times(found, *masks), "min"))
         chosen = Compare(("==",), (lin, Access(arg, eq.lhs.indices)))
     partials = _partials(body, inputs, complex_mode, text)
     grads = []
@@ -350,11 +355,14 @@ def _sympy():
 
     def choose(name: str, cmp: int):
         """max/min of two values: the gradient goes through the chosen argument (ties: the
-        first); `cmp` is the comparison code that selects the first argument."""
+        first; a NaN argument is the result, the first if both are NaN); `cmp` is the
+        comparison code that selects the first argument."""
         def _eval_derivative(self, s):
             a, b = self.args
             da, db = sp.diff(a, s), sp.diff(b, s)
-            return sp.S.Zero if da == 0 and db == 0 else Where(Cmp(cmp, a, b), da, db)
+            if da == 0 and db == 0:
+                return sp.S.Zero
+            return Where(Cmp(cmp, a, b), da, Where(Cmp(5, a, a), da, db))
         return type(name, (sp.Function,), {"nargs": 2, "_eval_derivative": _eval_derivative})
 
     Max2, Min2 = choose("Max2", 3), choose("Min2", 2)

@@ -199,6 +199,10 @@ class Kernel:
                 if not isinstance(v, (int, float, complex, np.number, bool, np.bool_)):
                     raise ArgumentError(f"'{n}' is used as a scalar parameter but got "
                                         f"{type(v).__name__}", eq.text, _find(eq.text, n))
+                if isinstance(v, np.generic) and _extended(v.dtype):
+                    raise ArgumentError(f"'{n}' is a {v.dtype} scalar, which the compiled loops "
+                                        "do not support", eq.text, _find(eq.text, n),
+                                        f"pass float({n}) or complex({n})")
                 out[n] = v
                 continue
             if not isinstance(v, np.ndarray):
@@ -226,10 +230,12 @@ class Kernel:
             if a.dtype.kind not in "biufc":
                 raise ArgumentError(f"'{acc.array}' has dtype {a.dtype}: tullio_py needs numbers",
                                     eq.text, acc.span)
-            if a.dtype == np.float16:
-                raise ArgumentError(f"'{acc.array}' is float16, which the compiled loops do not "
+            if a.dtype == np.float16 or _extended(a.dtype):
+                to = ("float32" if a.dtype == np.float16 else
+                      "complex128" if a.dtype.kind == "c" else "float64")
+                raise ArgumentError(f"'{acc.array}' is {a.dtype}, which the compiled loops do not "
                                     "support", eq.text, acc.span,
-                                    f"pass {acc.array}.astype(np.float32)")
+                                    f"pass {acc.array}.astype(np.{to})")
             if not a.dtype.isnative:
                 raise ArgumentError(f"'{acc.array}' has non-native byte order ({a.dtype.str})",
                                     eq.text, acc.span,
@@ -527,6 +533,12 @@ def _dims_by_stride(a: np.ndarray) -> tuple:
         return tuple(range(a.ndim - 1, -1, -1))
     dims = tuple(sorted(range(a.ndim), key=lambda d: -abs(a.strides[d])))
     return dims if dims and abs(a.strides[dims[-1]]) == a.itemsize else ()
+
+
+def _extended(dtype: np.dtype) -> bool:
+    """numpy's long double and its complex (80- or 128-bit): numba has no loops for them.
+    Where they are the same as float64/complex128 they are not extended."""
+    return dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f" else 16)
 
 
 def _find(text: str, name: str):
