@@ -261,3 +261,21 @@ def test_nan_propagates(expr, want, opts):
     A[:] = np.nan
     got = _quiet(tullio, "(max) m := A[i,j]", target="cuda", threads=64, A=A)
     assert np.isnan(got)
+
+
+DTYPE_CASES = [(np.array([2**62, 3], np.uint64), np.array([4, 1], np.int64)),
+               (np.array([10, 2, 100], np.int8), np.array([20, 3, 100], np.int8)),
+               (np.array([2**63 + 1, 1], np.uint64), np.array([True, True])),
+               (np.array([16777217, 3], np.int64), np.array([1.0, 2.5], np.float32))]
+
+
+@pytest.mark.parametrize("x,y", DTYPE_CASES, ids=[f"{x.dtype}-{y.dtype}" for x, y in DTYPE_CASES])
+def test_elements_follow_numpy_dtypes(x, y):
+    """Each product in numpy's dtype (int8 wraps, uint64 x int64 is float64), then reduced in
+    the result dtype, as on the CPU targets."""
+    with np.errstate(all="ignore"):
+        p = x * y
+        for expr, want in (("s := x[i] * y[i]", np.add.reduce(p, dtype=p.dtype)),
+                           ("(max) m := x[i] * y[i]", p.max())):
+            got = _quiet(tullio, expr, target="cuda", x=x, y=y)
+            assert got.dtype == want.dtype and got == want, (expr, got, want)

@@ -13,6 +13,8 @@ import numpy as np
 
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Gather, IndexValue, Param, Unary,
                  Wrapped)
+from . import dtypes
+from .errors import ArgumentError
 from .schedule import CHUNKS, Guard, Linear, Plan
 
 _FUNCS = {"exp": "_np.exp", "log": "_np.log", "log1p": "_np.log1p", "expm1": "_np.expm1",
@@ -71,7 +73,7 @@ class _Render:
         self.plan = plan
         self.eq = plan.equation
         self.dtype = np.dtype(plan.out_dtype)
-        self.float_t = self.dtype.kind in "fc"
+        self.env = dict(getattr(plan, "dtypes", ()))     # dtypes of the arrays and parameters
 
     # ------------------------------------------------------------ expressions
     def slot(self, s, array: str, d: int) -> str:
@@ -101,44 +103,86 @@ class _Render:
         return code
 
     def expr(self, e) -> str:
+        return self.typed(e)[0]
+
+    def dtype_of(self, e):
+        return dtypes.dtype_of(e, self.env, self.dtype)
+
+    def cast(self, e, text: str, have, want) -> str:
+        """`text` (the code of node e, of dtype `have`) as a value of dtype `want`."""
+        if have == want or dtypes.is_weak(want):
+            return text
+        if isinstance(e, Const) and not isinstance(e.value, bool) and want.kind in "iu":
+            info = np.iinfo(want)
+            if isinstance(e.value, int) and not info.min <= e.value <= info.max:
+                raise ArgumentError(f"the constant {e.value} is out of bounds for {want}, the "
+                                    "type numpy computes this operation in", self.eq.text,
+                                    None, f"write {float(e.value)!r}, or pass arrays of a wider type")
+        return f"_np.{want.name}({text})"
+
+    def operands(self, es, want) -> list[str]:
+        return [self.cast(x, t, d, want) for x, (t, d) in zip(es, map(self.typed, es))]
+
+    def typed(self, e) -> tuple[str, object]:
+        """(code, dtype) of node e: operands are cast to the dtype numpy computes the operation
+        in, and results of narrow dtypes cast back (the compiler widens small integers)."""
         if isinstance(e, Access):
-            return self.access(e)
+            return self.access(e), self.dtype_of(e)
         if isinstance(e, Const):
-            v = e.value
-            if isinstance(v, float) and self.float_t:
-                return f"_T({v!r})"
-            return repr(v)
+            return repr(e.value), self.dtype_of(e)
         if isinstance(e, (Param, IndexValue)):
-            return e.name
+            return e.name, self.dtype_of(e)
+        want = self.dtype_of(e)
         if isinstance(e, Unary):
-            return f"(-{self.expr(e.operand)})"
-        if isinstance(e, Binary):
-            return f"({self.expr(e.left)} {e.op} {self.expr(e.right)})"
-        if isinstance(e, Compare):
-            return f"(_T(1) if {self.condition(e)} else _T(0))"
-        if isinstance(e, Call):
-            args = [self.expr(a) for a in e.args]
+            text = f"(-{self.operands([e.operand], want)[0]})"
+        elif isinstance(e, Binary):
+            op = e.op
+            work = want if op != "/" else dtypes.promote(*map(self.dtype_of, (e.left, e.right)))
+            if op == "/" and dtypes.kind(work) in "biu":
+                work = want
+            left, right = self.operands([e.left, e.right], work)
+            if op == "**" and isinstance(e.right, Const) and type(e.right.value) is int:
+                right = repr(e.right.value)     # an integer power stays one (x * x for ** 2)
+            text = f"({left} {op} {right})"
+        elif isinstance(e, Compare):
+            work = dtypes.promote(*map(self.dtype_of, e.operands))
+            parts = [self.expr(x) if isinstance(x, Const) else self.cast(x, *self.typed(x), work)
+                     for x in e.operands]       # numpy compares with out-of-range constants
+            return ("(" + " ".join(p for pair in zip(parts, e.ops) for p in pair) + " "
+                    + parts[-1] + ")"), want
+        elif isinstance(e, Call):
             f = e.func
             if f == "where":
                 cond = self.condition(e.args[0])
-                return f"({args[1]} if {cond} else {args[2]})"
-            if f in ("max", "min"):         # NaN propagates, as in np.maximum / np.minimum
-                return f"_np.{f}imum({args[0]}, {args[1]})"
-            if f == "sigmoid":
-                return f"(1.0 / (1.0 + _np.exp(-{args[0]})))"
-            if f == "relu":
-                return f"_np.maximum({args[0]}, 0)"
-            if f == "real":
-                return f"({args[0]}).real"
-            if f == "imag":
-                return f"({args[0]}).imag"
-            return f"{_FUNCS[f]}({args[0]})"
-        raise TypeError(f"cannot render {e!r}")
+                a, b = self.operands(list(e.args[1:]), want)
+                return f"({a} if {cond} else {b})", want
+            if f in ("max", "min", "relu"):
+                args = self.operands(list(e.args), want) + (["0"] if f == "relu" else [])
+            elif f in ("abs", "real", "imag", "conj"):
+                args = [self.expr(e.args[0])]
+            else:                               # float functions: of float64 for integers
+                args = self.operands(list(e.args), want)
+            of = self.dtype_of(e.args[0]) if f in ("abs", "real", "imag", "conj") else want
+            text = self.call_text(f, args, of)
+        else:
+            raise TypeError(f"cannot render {e!r}")
+        return (f"_np.{want.name}({text})" if dtypes.narrow(want) else text), want
+
+    def call_text(self, f: str, args: list[str], arg_dtype=None) -> str:
+        """Code of function f of argument codes `args` (of dtype `arg_dtype`)."""
+        if f in ("max", "min", "relu"):      # NaN propagates, as in np.maximum / np.minimum
+            return f"_np.{'min' if f == 'min' else 'max'}imum({args[0]}, {args[1]})"
+        if f == "sigmoid":
+            return f"(1.0 / (1.0 + _np.exp(-{args[0]})))"
+        if f == "real":
+            return f"({args[0]}).real"
+        if f == "imag":
+            return f"({args[0]}).imag"
+        return f"{_FUNCS[f]}({args[0]})"
 
     def condition(self, e) -> str:
         if isinstance(e, Compare):
-            parts = [self.expr(x) for x in e.operands]
-            return " ".join(p for pair in zip(parts, e.ops) for p in pair) + " " + parts[-1]
+            return self.expr(e)
         return f"{self.expr(e)} != 0"
 
     def rhs_without_guards(self) -> str:
@@ -146,7 +190,10 @@ class _Render:
         factors = [f for f in top_factors(self.eq.rhs) if mask_guards(f) is None]
         if not factors:
             return "_T(1)"
-        return " * ".join(self.expr(f) for f in factors)
+        e = factors[0]
+        for f in factors[1:]:
+            e = Binary("*", e, f)
+        return self.expr(e)
 
     # ------------------------------------------------------------ loops
     def loop_header(self, loop, outer: set[str], guards: list[Guard],

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import dtypes
 from .codegen import _Render, better, identity_code
 from .errors import ArgumentError
 from .ir import Call, Param
@@ -54,30 +55,27 @@ class CudaSource:
 class _CudaRender(_Render):
     """CPU renderer with the CUDA math library (numpy ufuncs do not compile in kernels)."""
 
-    def expr(self, e) -> str:
-        if isinstance(e, Call) and e.func in ("max", "min", "relu"):
+    def call_text(self, f: str, args: list[str], arg_dtype=None) -> str:
+        a = args[0]
+        if f in ("max", "min", "relu"):
             # As np.maximum / np.minimum: a NaN argument is the result.  Written out (a device
             # function would need a GPU to compile to PTX), so `a` appears twice.
-            a = self.expr(e.args[0])
-            b = "0" if e.func == "relu" else self.expr(e.args[1])
-            op = "<" if e.func == "min" else ">"
-            return f"({a} if ({a} {op} {b}) | ({a} != {a}) else {b})"
-        if isinstance(e, Call) and e.func not in ("where", "real", "imag"):
-            a = self.expr(e.args[0])
-            mod = "cmath" if self.dtype.kind == "c" else "math"
-            f = e.func
-            if f == "abs":
-                return f"abs({a})"
-            if f == "conj":
-                return f"({a}).conjugate()"
-            if f == "sigmoid":
-                return f"(1.0 / (1.0 + {mod}.exp(-{a})))"
-            if mod == "cmath" and f == "log1p":
-                return f"cmath.log(1 + {a})"
-            if mod == "cmath" and f == "expm1":
-                return f"(cmath.exp({a}) - 1)"
-            return f"{mod}.{'atan' if f == 'arctan' else f}({a})"
-        return super().expr(e)
+            op = "<" if f == "min" else ">"
+            return f"({a} if ({a} {op} {args[1]}) | ({a} != {a}) else {args[1]})"
+        if f in ("real", "imag"):
+            return super().call_text(f, args, arg_dtype)
+        mod = "cmath" if arg_dtype is not None and dtypes.kind(arg_dtype) == "c" else "math"
+        if f == "abs":
+            return f"abs({a})"
+        if f == "conj":
+            return f"({a}).conjugate()"
+        if f == "sigmoid":
+            return f"(1.0 / (1.0 + {mod}.exp(-{a})))"
+        if mod == "cmath" and f == "log1p":
+            return f"cmath.log(1 + {a})"
+        if mod == "cmath" and f == "expm1":
+            return f"(cmath.exp({a}) - 1)"
+        return f"{mod}.{'atan' if f == 'arctan' else f}({a})"
 
     def bounds(self, v: str, outer: set, guards) -> tuple[str, str, list[str]]:
         """(start, stop, checks) of index v's loop, clipped by the guards as on the CPU."""

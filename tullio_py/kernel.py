@@ -14,7 +14,7 @@ import numpy as np
 
 from . import blas as _blas
 from . import blas_shift as _shift
-from . import callpath, codegen, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from . import callpath, codegen, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, RangeError, SummationWarning
 from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, IndexValue,
@@ -425,6 +425,7 @@ class Kernel:
         plan = schedule.plan(work_eq, call_ranges, dtype.name, threads=parallel,
                              pad_value=self.pad, fastmath=self.fastmath,
                              layouts=layouts, sizes=sizes)
+        plan = dtypes.with_dtypes(plan, arrays)
         key = (self._lowered_text, dtype.str, target, parallel, plan.loops, plan.fixed,
                tuple((n, a.dtype.str, a.ndim, _layout(a)) if isinstance(a, np.ndarray)
                      else (n, type(a).__name__) for n, a in sorted(arrays.items())))

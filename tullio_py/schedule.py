@@ -110,6 +110,8 @@ class Plan:
                                   # in cache across all rows of the output
     fixed: tuple = ()             # (index, start, stop): a short innermost loop's bounds, baked
                                   # in as constants so the compiler unrolls and vectorises it
+    dtypes: tuple = ()            # (name, dtype) of the arrays and parameters read (dtypes.py):
+                                  # the code computes each element as numpy would
 
 
 def top_factors(e) -> list:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import codegen, codegen_cuda, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from .. import codegen, codegen_cuda, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from ..errors import ArgumentError
 
 
@@ -101,6 +101,7 @@ def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
     if prepared is None:
         plan = schedule.plan(work_eq, call_ranges, dtype.name, threads=False,
                              pad_value=kernel.pad, fastmath=kernel.fastmath)
+        plan = dtypes.with_dtypes(plan, checked)
         source = codegen_cuda.render(plan)
         if kernel.verbose >= 2:
             print(source.text)
