@@ -167,11 +167,6 @@ def test_numpy_einsum_equation(n, dtype, target):
 MIXED = [(np.uint64, np.int64), (np.uint64, np.int8), (np.int8, np.uint8), (np.bool_, np.int8),
          (np.uint32, np.int32), (np.float32, np.int64), (np.int64, np.complex64),
          (np.bool_, np.float32), (np.uint8, np.int16), (np.int8, np.int8), (np.uint64, np.uint64)]
-_UINT64_SIGNED = pytest.mark.xfail(strict=True, reason=(
-    "dtype promotion in compiled code: numpy's rule makes uint64 with a signed integer float64 "
-    "(np.result_type), each operand converted before the arithmetic; the compiled kernel "
-    "multiplies them as 64-bit integers (wrapping: (2**63+5) * -3 gives +9.2e18, not -2.8e19) "
-    "and converts the product"))
 
 
 def _full_range(shape, dtype, rng):
@@ -184,9 +179,8 @@ def _full_range(shape, dtype, rng):
     return _data(shape, dtype, rng)
 
 
-MIXED_CASES = [pytest.param(a, b, t, marks=[_UINT64_SIGNED] if (
-    t == "cpu" and np.dtype(a) == np.uint64 and np.dtype(b).kind == "i") else [],
-    id=f"{np.dtype(a).name}-{np.dtype(b).name}-{t}") for a, b in MIXED for t in ("python", "cpu")]
+MIXED_CASES = [pytest.param(a, b, t, id=f"{np.dtype(a).name}-{np.dtype(b).name}-{t}")
+               for a, b in MIXED for t in ("python", "cpu")]
 
 
 @pytest.mark.parametrize("dta,dtb,target", MIXED_CASES)
