@@ -1,7 +1,8 @@
 """Range inference does not depend on the order terms are written in.
 
 Metamorphic: a seeded generator writes shifted statements (positions holding several indices,
-scaled and offset, with the same indices also used bare elsewhere); every permutation of the
+scaled and offset, with the same indices also used bare elsewhere, sometimes as `i+0`, which
+intersects extents instead of demanding equal ones); every permutation of the
 terms inside every index position, and of the factors, must give the same ranges (or the same
 error) from `ranges.infer`.  Each result is then computed by the slow reference interpreter
 (tests/reference.py, which asserts every access is in bounds) and by target="python", which must
@@ -133,7 +134,9 @@ def _statement(r):
     shifted = {p for pieces, _ in positions for p in pieces}
     for n in idx:           # bare uses elsewhere (always for an index not in a shifted position)
         if r.random() < 0.75 or not any(n in p for p in shifted):
-            positions.append(([n], base[n] + (int(r.integers(0, 2)) if r.random() < 0.3 else 0)))
+            pieces = [n, "0"] if r.random() < 0.2 else [n]      # i+0: a shifted use
+            positions.append((pieces, base[n] + (int(r.integers(0, 2)) if r.random() < 0.3
+                                                 else 0)))
     order = r.permutation(len(positions))
     arrays, k = [], 0
     while k < len(order):
