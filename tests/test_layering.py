@@ -11,8 +11,8 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 
 # Stage of each module: a module may import (at any depth) only modules of a lower stage.
 STAGE = {
-    "errors": 0, "cache": 0, "memo": 0, "overlap": 0, "ir": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
-    "grad": 4, "blas": 4, "blas_shift": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
+    "errors": 0, "cache": 0, "memo": 0, "overlap": 0, "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
+    "grad": 4, "blas": 4, "blas_shift": 4.5, "codetext": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
     "gradient_kernel": 9, "explain": 9.5, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
     "frontends.dask_graph": 11.2, "frontends.dask": 11.5,
     "frontends.torch": 12, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,

@@ -170,7 +170,11 @@ def load_module(text: str) -> types.ModuleType | None:
         module.__file__ = str(path)
         sys.modules[stem] = module    # before running it: numba finds the module by this name
         # The verified in-memory bytes are what runs, not a second read of the file.
-        exec(compile(text, str(path), "exec"), module.__dict__)
+        try:
+            exec(compile(text, str(path), "exec"), module.__dict__)
+        except BaseException:         # nothing half-loaded stays registered
+            del sys.modules[stem]
+            raise
     return module
 
 

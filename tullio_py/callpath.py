@@ -60,7 +60,7 @@ class CallCache:
                  f"    if len(_a) != {len(self.names)}:",
                  "        return None"]
         if self.names:
-            lines += ["    try:"] + [f"        {v[n]} = _a[{n!r}]" for n in self.names]
+            lines += ["    try:"] + [f"        {v[n]} = _a[_n{i}]" for i, n in enumerate(self.names)]
             lines += ["    except KeyError:", "        return None"]
         parts = []
         for n in self.names:
@@ -75,14 +75,14 @@ class CallCache:
             parts.append(f"{v[self.output]}.flags.writeable")
         parts += [f"_extrema({v[g]}, _box{i})" for i, (g, _) in enumerate(self.gathers)]
         lines.append(f"    return ({''.join(p + ', ' for p in parts)})")
-        ns = {"_ND": _ND, "_extrema": _extrema,
+        ns = {"_ND": _ND, "_extrema": _extrema, **self._name_constants(),
               **{f"_box{i}": box for i, (_, box) in enumerate(self.gathers)}}
         exec("\n".join(lines), ns)
         return ns["_key"]
 
     def _call_function(self):
         """def _call(arrays) -> output array, or None when the call is not a known one."""
-        v = ", ".join(f"_a[{n!r}]" for n in self.names)
+        v = ", ".join(f"_a[_n{i}]" for i in range(len(self.names)))
         src = ("def _call(_a):\n"
                "    _k = _key(_a)\n"
                "    if _k is None:\n"
@@ -91,9 +91,13 @@ class CallCache:
                "    if _e is None:\n"
                "        return None\n"
                f"    return _e({v})\n")
-        ns = {"_key": self.key, "_entries": self.entries}
+        ns = {"_key": self.key, "_entries": self.entries, **self._name_constants()}
         exec(src, ns)
         return ns["_call"]
+
+    def _name_constants(self) -> dict:
+        """The names as constants of the generated functions (not pasted into their text)."""
+        return {f"_n{i}": n for i, n in enumerate(self.names)}
 
     # ------------------------------------------------------------------ learning a call
     def remember(self, kernel, given: dict, collected: dict, prepared, args, out, fill: bool):

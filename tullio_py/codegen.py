@@ -14,6 +14,7 @@ import numpy as np
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Gather, IndexValue, Param, Unary,
                  Wrapped)
 from . import dtypes
+from .codetext import number_code, pad_line, rename_plan, user_arg
 from .errors import ArgumentError
 from .schedule import CHUNKS, Guard, Linear, Plan
 
@@ -69,8 +70,9 @@ def identity_code(reducer: str, dtype: np.dtype) -> str:
 
 
 class _Render:
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, shown: Plan | None = None):
         self.plan = plan
+        self.shown = shown or plan      # the plan with the user's names, for the comments
         self.eq = plan.equation
         self.dtype = np.dtype(plan.out_dtype)
         self.env = dict(getattr(plan, "dtypes", ()))     # dtypes of the arrays and parameters
@@ -129,7 +131,7 @@ class _Render:
         if isinstance(e, Access):
             return self.access(e), self.dtype_of(e)
         if isinstance(e, Const):
-            return repr(e.value), self.dtype_of(e)
+            return number_code(e.value), self.dtype_of(e)
         if isinstance(e, (Param, IndexValue)):
             return e.name, self.dtype_of(e)
         want = self.dtype_of(e)
@@ -255,22 +257,24 @@ class _Render:
         bounds = [f"_{w}_{n}" for n in (l.index for l in plan.loops) for w in ("start", "stop")]
         args = tuple(arrays + params + bounds)
         name = "_tullio_kernel"
-        lines = [f"# {eq}",
+        shown = self.shown
+        lines = [f"# {shown.equation}",
                  f"# loops (outer to inner): "
                  + ", ".join(f"{l.index}{' [threads]' if l.parallel else ''}"
-                             f"{' [reduction]' if l.reduction else ''}" for l in plan.loops)]
+                             f"{' [reduction]' if l.reduction else ''}" for l in shown.loops)]
         if plan.form == "row":
-            lines.append(f"# the contiguous index {plan.loops[-1].index} runs innermost: each "
+            lines.append(f"# the contiguous index {shown.loops[-1].index} runs innermost: each "
                          "reduction step updates a row")
         if plan.chunked:
-            lines.append(f"# {plan.chunked} is split into blocks across threads"
+            lines.append(f"# {shown.chunked} is split into blocks across threads"
                          + (f"; each block keeps a partial result ({plan.partial}), combined at "
                             "the end" if plan.partial else ""))
         if plan.scatter:
             lines.append("# scatter: the left-hand side keeps a gather or a non-unit shift, so "
                          "every index tuple is combined into its element in turn")
         lines.append(f"_T = _np.{self.dtype.name}")
-        lines.append(f"_pad = _T({plan.pad_value!r})")
+        if pad_line(plan):
+            lines.append(pad_line(plan))
         lines.append(f"def {name}({', '.join(args)}):")
         self.body, self.depth, self.opened = [], 1, []
         for v, start, stop in plan.fixed:       # constants the compiler can unroll with
@@ -619,4 +623,7 @@ def replace_plan(plan: Plan, **changes) -> Plan:
 
 
 def render(plan: Plan) -> Source:
-    return _Render(plan).render()
+    """The loop nest of `plan`; user names appear renamed (codetext.rename_plan), `args` are
+    the names the caller binds."""
+    src = _Render(rename_plan(plan), shown=plan).render()
+    return replace_plan(src, args=tuple(user_arg(a) for a in src.args))   # (any dataclass)

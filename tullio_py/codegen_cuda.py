@@ -21,12 +21,13 @@ clip those loops exactly as they clip the CPU loops.  Generated names start with
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import dtypes
 from .codegen import _Render, better, identity_code
+from .codetext import pad_line, rename_plan, user_arg
 from .errors import ArgumentError
 from .ir import Call, Param
 from .schedule import Loop, Plan
@@ -124,7 +125,15 @@ def _atomic(red: str, array: str, index: str, v: str, dtype) -> str:
 
 
 def render(plan: Plan) -> CudaSource:
-    r = _CudaRender(plan)
+    """The CUDA kernels of `plan`; user names appear renamed (codetext.rename_plan), `args`
+    and `threaded` are the caller's names."""
+    src = _render(rename_plan(plan), plan)
+    return replace(src, args=tuple(user_arg(a) for a in src.args),
+                   threaded=tuple(user_arg(v) for v in src.threaded))
+
+
+def _render(plan: Plan, shown: Plan) -> CudaSource:
+    r = _CudaRender(plan, shown)
     eq, dtype = plan.equation, r.dtype
     cpu = r.render()                     # argument order, and the whole nest for "single"
     r.hoists = {}                        # reads stay in place: registers are the GPU's cache
@@ -140,8 +149,8 @@ def render(plan: Plan) -> CudaSource:
         kind = "scalar" if red_loops else "single"
     fin = (lambda x: r.expr(Call(eq.finaliser, (Param(x),)))) if eq.finaliser else (lambda x: x)
     ident = identity_code(eq.reducer, dtype)
-    header = [f"# {eq}", f"# cuda kind: {kind}", f"_T = _np.{dtype.name}",
-              f"_pad = _T({plan.pad_value!r})", f"_DT = _np.dtype('{dtype.name}')"]
+    header = [f"# {shown.equation}", f"# cuda kind: {kind}", f"_T = _np.{dtype.name}",
+              *filter(None, [pad_line(plan)]), f"_DT = _np.dtype('{dtype.name}')"]
     if kind == "single":
         text = cpu.text.replace("_tullio_kernel(", "_tullio_single(", 1)
         d = text.index("\n", text.index("def _tullio_single(")) + 1

@@ -22,9 +22,12 @@ agree to rounding, not bit for bit (`fuse=False` runs the statements one by one)
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .codegen import SUM_FASTMATH, Source, _Render
+from .codetext import pad_line, rename_plan, user_arg
 from .ir import Access, walk
 from .schedule import Plan, mask_guards, safe_indices, top_factors
 
@@ -56,7 +59,13 @@ def base_plan(plans: list[Plan]) -> Plan:
 
 
 def render(plans: list[Plan]) -> Source:
-    """One kernel running every statement of `plans` (which must be `fusable`)."""
+    """One kernel running every statement of `plans` (which must be `fusable`); user names
+    appear renamed (codetext.rename_plan), `args` are the caller's names."""
+    src = _render([rename_plan(p) for p in plans], plans)
+    return replace(src, args=tuple(user_arg(a) for a in src.args))
+
+
+def _render(plans: list[Plan], shown: list[Plan]) -> Source:
     base = base_plan(plans)
     loops = base.loops
     n = len(loops)
@@ -96,10 +105,10 @@ def render(plans: list[Plan]) -> Source:
     params = list(dict.fromkeys(q for p in plans for q in p.equation.params))
     bounds = [f"_{w}_{l.index}" for l in loops for w in ("start", "stop")]
     dtype = np.dtype(base.out_dtype)
-    lines = ["# fused: " + "; ".join(str(p.equation) for p in plans),
+    lines = ["# fused: " + "; ".join(str(p.equation) for p in shown),
              "# loops (outer to inner): " + ", ".join(
-                 f"{l.index}{' [threads]' if l.parallel else ''}" for l in loops),
-             f"_T = _np.{dtype.name}", f"_pad = _T({base.pad_value!r})",
+                 f"{l.index}{' [threads]' if l.parallel else ''}" for l in base_plan(shown).loops),
+             f"_T = _np.{dtype.name}", *filter(None, [pad_line(base)]),
              f"def _tullio_fused({', '.join(arrays + params + bounds)}):"]
     for k in range(n - 1):
         loop_r.open(k, hoist=False)

@@ -69,10 +69,10 @@ class Gradient:
     def derivation(self, complex_mode: bool = False) -> grad_mod.Derivation:
         k = self.fwd
         eq = k.equation
-        if not k.options.get("grad", True):
+        if not k.options.grad:
             raise GradientError("gradients are switched off for this kernel (grad=False)",
                                 eq.text, None, "create the kernel without grad=False")
-        d = grad_mod.derive(eq, tuple(k.options.get("nograd", ())), complex_mode)
+        d = grad_mod.derive(eq, k.options.nograd, complex_mode)
         if d.error:
             raise GradientError(d.error, eq.text, None)
         return d
@@ -90,7 +90,7 @@ class Gradient:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SummationWarning)
                 k = Kernel(text, threads=f.threads, target=f.target, pad=0, fastmath=f.fastmath,
-                           ranges=lost or None, blas=f.options.get("blas", True))
+                           ranges=lost or None, blas=f.options.blas)
             self._kernels[text] = k
         return k
 
@@ -199,7 +199,7 @@ class Gradient:
         share a loop nest."""
         steps, loops = [], []
         for k, (g, gk, arrays, grng, out) in enumerate(jobs):
-            if (self.fwd.options.get("fuse", True) and gk.target in ("auto", "cpu")
+            if (self.fwd.options.fuse and gk.target in ("auto", "cpu")
                     and not gk.uses_blas(arrays, grng, out)):
                 loops.append((k, *gk.plan_for(arrays, grng, out.dtype, out.shape)))
             else:

@@ -16,15 +16,14 @@ from . import blas as _blas
 from . import blas_shift as _shift
 from . import callpath, codegen, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
-from .errors import ArgumentError, RangeError, SummationWarning
+from .errors import ArgumentError, ParseError, RangeError, SummationWarning
+from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
 from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, IndexValue,
                  Unary, walk)
 from .parse import parse
 from . import tape as _tape
 
-OPTIONS = ("threads", "target", "grad", "nograd", "ranges", "fastmath", "verbose", "pad",
-           "blas", "fuse")
-TARGETS = ("auto", "cpu", "cuda", "python")
+OPTIONS = OPTION_NAMES
 _KERNELS = memo.Memo("kernel.kernels", 1024)
 
 
@@ -114,24 +113,27 @@ class Prepared:
 class Kernel:
     """A compiled tullio_py statement.  Call it with arrays by keyword."""
 
-    def __init__(self, expr: str, threads=True, target="auto", grad=True, nograd=(), ranges=None,
-                 fastmath=False, verbose=0, pad=0, blas=True, fuse=True):
-        if target not in TARGETS:
-            raise ArgumentError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
-        if not (isinstance(threads, bool) or (isinstance(threads, int) and threads >= 1)):
-            raise ArgumentError(f"threads must be True, False or a positive int, not {threads!r}")
-        for name, value in (("grad", grad), ("blas", blas), ("fuse", fuse)):
-            if not isinstance(value, bool):
-                raise ArgumentError(f"{name} must be True or False, not {value!r}")
+    def __init__(self, expr: str, options: Options | None = None, /, **kw):
+        """Kernel(expr, **options), or Kernel(expr, Options(...)): options validated first."""
+        if options is None:
+            options = Options.from_kwargs(**kw)
+        elif kw:
+            raise ArgumentError("pass either an Options or option keywords, not both")
         self.text = expr
-        self.options = dict(threads=threads, target=target, grad=grad, nograd=tuple(nograd),
-                            ranges=ranges, fastmath=fastmath, verbose=verbose, pad=pad,
-                            blas=blas, fuse=fuse)
-        self.given = self._normalise_ranges(ranges or {})
-        self.equation = parse(expr, tuple(self.given))
+        self.options = options
+        self.given = options.given
+        try:
+            self.equation = parse(expr, tuple(self.given))
+        except ParseError:
+            if not self.given:
+                raise
+            options.check(parse(expr))  # a ranges= name that is an array of the statement
+            raise
         self._check_option_names(expr, self.equation)
-        self.threads, self.target, self.pad = threads, target, pad
-        self.fastmath, self.verbose = fastmath, verbose
+        options.check(self.equation)
+        self.threads, self.target, self.pad = options.threads, options.target, options.pad
+        self.fastmath, self.verbose = options.fastmath, options.verbose
+        threads, target, verbose = options.threads, options.target, options.verbose
         self._prepared = memo.Memo("kernel.compiled", 64)   # compile key -> Prepared
         self._plans = memo.Memo("kernel.plans", 64)         # call signature -> plan
         self._lowered = None
@@ -143,11 +145,11 @@ class Kernel:
             schedule.mask_guards(f) is not None for f in schedule.top_factors(self.equation.rhs)))
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
-                      if blas and target in ("auto", "cpu") and not self.given else None)
+                      if options.blas and target in ("auto", "cpu") and not self.given else None)
         # Other products of two reads at affine indices (shifts, strides, sub-ranges) run as
         # matmuls over strided views when the cost model says so (blas_shift.py).
         self._shift = (_shift.shifted(self.equation)
-                       if blas and target in ("auto", "cpu") else None)
+                       if options.blas and target in ("auto", "cpu") else None)
         self.summation_message = summation_message(self.equation)
         self._warned_by_tullio = False
         if self.summation_message:
@@ -163,17 +165,6 @@ class Kernel:
                 raise ArgumentError(f"'{name}' is an option name and cannot name an array or "
                                     "parameter", expr, _find(expr, name),
                                     "rename the array")
-
-    @staticmethod
-    def _normalise_ranges(given: dict) -> dict[str, range]:
-        out = {}
-        for k, v in given.items():
-            if isinstance(v, (int, np.integer)):
-                v = range(int(v))
-            if not isinstance(v, range) or v.step != 1:
-                raise ArgumentError(f"ranges[{k!r}] must be an int or a range with step 1, not {v!r}")
-            out[k] = v
-        return out
 
     # ------------------------------------------------------------------ checking arrays
     def _collect(self, arrays: dict) -> dict:
@@ -550,33 +541,31 @@ def _find(text: str, name: str):
 
 # ----------------------------------------------------------------------------- public verbs
 def kernel(expr: str, /, **options) -> Kernel:
-    """A Kernel for `expr`, cached per expression and options."""
-    bad = [k for k in options if k not in OPTIONS]
-    if bad:
-        raise ArgumentError(f"unknown option{'s' if len(bad) > 1 else ''}: {', '.join(bad)}",
-                            hint=f"options are {', '.join(OPTIONS)}; arrays go to the kernel call")
-    key = (expr, _freeze(options))
-    try:
-        k = _KERNELS.get(key)
-    except TypeError:       # an array passed under an option's name
-        bad = [n for n, v in options.items() if isinstance(v, (np.ndarray, list))]
-        parse(expr, tuple(options.get("ranges") or {}) if isinstance(options.get("ranges"), dict) else ())
-        Kernel._check_option_names(expr)
-        raise ArgumentError(f"option {', '.join(bad)} got an array: option names are reserved "
-                            f"and cannot name arrays ({', '.join(OPTIONS)})", expr) from None
+    """A Kernel for `expr`, cached per expression and (validated) options."""
+    if not isinstance(expr, str):
+        parse(expr)                                 # the ParseError for a non-string
+    if options:
+        try:
+            opts = Options.from_kwargs(**options)
+        except ArgumentError:
+            arrays = [n for n, v in options.items() if isinstance(v, np.ndarray)]
+            if not arrays:
+                raise
+            Kernel._check_option_names(expr)       # the statement names an array like an option
+            raise ArgumentError(f"option {', '.join(arrays)} got an array: option names are "
+                                f"reserved and cannot name arrays ({', '.join(OPTIONS)})",
+                                expr) from None
+        # threads=1 (one thread) and threads=True (all) are equal as numbers: keyed apart
+        key = (expr, None if opts == _DEFAULT else opts, type(opts.threads))
+    else:
+        opts, key = _DEFAULT, (expr, None, bool)
+    k = _KERNELS.get(key)
     if k is None:
-        k = _KERNELS[key] = Kernel(expr, **options)
+        k = _KERNELS[key] = Kernel(expr, opts)
     return k
 
 
-def _freeze(v):
-    if isinstance(v, bool):       # threads=True and threads=1 are different options
-        return ("bool", v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple, set)):
-        return tuple(_freeze(x) for x in v)
-    return v
+_DEFAULT = Options()
 
 
 def tullio(expr: str, /, **arrays_and_options):

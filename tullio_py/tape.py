@@ -360,7 +360,8 @@ def _fresh(eq, suffix: str) -> str:
 def _derived_kernel(k, eq):
     """A kernel for a statement derived from k's, with k's ranges, pad and threads."""
     from .kernel import kernel as make
-    options = {o: k.options[o] for o in ("ranges", "pad", "threads") if k.options.get(o) is not None}
+    options = {o: v for o, v in k.options.as_kwargs().items()
+               if o in ("ranges", "pad", "threads") and v is not None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # the user was warned about the original
         return make(str(eq), **options)

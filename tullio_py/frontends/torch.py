@@ -176,7 +176,7 @@ class Spec:
     def of(cls, kernel, arrays: dict) -> "Spec":
         eq = kernel.equation
         index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
-        nograd = set(kernel.options.get("nograd") or ())
+        nograd = set(kernel.options.nograd)
         tensors = tuple(n for n, v in arrays.items() if isinstance(v, torch.Tensor))
         others = tuple(n for n in arrays if n not in tensors)
         diff = tuple(n for n in tensors if n not in index_only and n not in nograd

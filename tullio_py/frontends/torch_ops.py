@@ -51,7 +51,7 @@ def _key(kernel, tensors: tuple, scalars: tuple) -> str:
 
 
 def _options(kernel) -> dict:
-    opts = dict(kernel.options)
+    opts = kernel.options.as_kwargs()
     if opts.get("ranges"):
         opts["ranges"] = {k: [r.start, r.stop] for k, r in kernel.given.items()}
     opts["nograd"] = list(opts.get("nograd") or ())

@@ -16,10 +16,10 @@ def subset_kernel(kernel, needs):
     from ..kernel import kernel as make
     eq = kernel.equation
     read = {a.array for a in eq.accesses()}
-    others = tuple(sorted((read - set(needs)) | set(kernel.options.get("nograd") or ())))
-    if others == tuple(sorted(kernel.options.get("nograd") or ())):
+    others = tuple(sorted((read - set(needs)) | set(kernel.options.nograd)))
+    if others == tuple(sorted(kernel.options.nograd)):
         return kernel
-    options = {k: v for k, v in kernel.options.items() if k != "nograd"}
+    options = {k: v for k, v in kernel.options.as_kwargs().items() if k != "nograd"}
     return make(kernel.text, **options, nograd=others)
 
 
