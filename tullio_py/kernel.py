@@ -417,7 +417,9 @@ class Kernel:
                              pad_value=self.pad, fastmath=self.fastmath,
                              layouts=layouts, sizes=sizes)
         plan = dtypes.with_dtypes(plan, arrays)
+        # Every choice of the plan that changes the code (block depends on the sizes).
         key = (self._lowered_text, dtype.str, target, parallel, plan.loops, plan.fixed,
+               plan.form, plan.block, plan.chunked, plan.partial, plan.collapse, plan.lanes,
                tuple((n, a.dtype.str, a.ndim, _layout(a)) if isinstance(a, np.ndarray)
                      else (n, type(a).__name__) for n, a in sorted(arrays.items())))
         return plan, key, low
