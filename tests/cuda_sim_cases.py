@@ -152,6 +152,14 @@ EXTRA = [
      {"threads": 64}),
     ("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
      dict(x=r.standard_normal((5, 5, 2, 3)), W=r.standard_normal((5, 5, 3, 3, 2, 2))), {}),
+    # user names that are the names of the CUDA code's modules and builtins
+    ("cuda[math] := range[math, k] * range[pad(math+1), k] * (k <= math)",
+     dict(range=r.standard_normal((5, 4))), {}),
+    ("(max) math[i] := cuda[i, cmath[k]] * len", dict(cuda=r.standard_normal((3, 3)),
+                                                     cmath=np.array([2, 0, 2]), len=1.5), {}),
+    ("range[cmath[i]] += math[i]", dict(range=np.zeros(3), math=r.standard_normal(9),
+                                         cmath=r.integers(0, 3, 9)), {}),
+    ("min := max[np] * max[np]", dict(max=r.standard_normal(40)), {"threads": 16}),
 ]
 
 

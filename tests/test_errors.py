@@ -322,3 +322,19 @@ def test_switch_options_must_be_bools(option):
     from tullio_py import kernel
     with pytest.raises(ArgumentError, match=f"{option} must be True or False"):
         kernel("C[i] := A[i]", **{option: "no"})
+
+
+@pytest.mark.parametrize("options,fragment", [
+    (dict(ranges={"q": 3}), r"option ranges names 'q', which is not an index of the statement"),
+    (dict(ranges={"A": 3}), r"option ranges names 'A', which is not an index of the statement"),
+    (dict(nograd=("B",)), r"option nograd names 'B', which is not an input of the statement"),
+    (dict(target="gpu"), r"option target must be one of 'auto', 'cpu', 'cuda', 'python', not 'gpu'"),
+    (dict(pad="zero"), r"option pad must be a real number"),
+])
+def test_option_names_checked_against_the_statement(options, fragment):
+    """Options that name things name things of the statement; the message shows it."""
+    from tullio_py import kernel
+    with pytest.raises(ArgumentError, match=fragment) as excinfo:
+        kernel("C[i] := A[i]", **options)
+    if "ranges" in options or "nograd" in options:
+        assert "    C[i] := A[i]" in str(excinfo.value)
