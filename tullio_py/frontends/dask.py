@@ -163,10 +163,10 @@ def _inputs(k, arrays: dict):
 
 
 def _options(k, pad) -> dict:
-    threads = k.options.get("threads", True)
+    threads = k.options.threads
     return dict(threads=1 if threads is True else threads,
                 target="python" if k.target == "python" else "cpu", pad=pad,
-                fastmath=k.options.get("fastmath", False), blas=k.options.get("blas", True))
+                fastmath=k.options.fastmath, blas=k.options.blas)
 
 
 # ----------------------------------------------------------------------------- lowering
