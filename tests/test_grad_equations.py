@@ -15,6 +15,10 @@ def r(*shape):
     return RNG.standard_normal(shape)
 
 
+def c(*shape):
+    return RNG.standard_normal(shape) + 1j * RNG.standard_normal(shape)
+
+
 TABLE = [
     ("local convolution", "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]", {},
      dict(x=r(5, 5, 2, 2), W=r(5, 5, 3, 3, 2, 2))),
@@ -34,6 +38,12 @@ TABLE = [
     ("indices lost from a term", "y[i] := x[i]**2 + w[j]*v[k]", {},
      dict(x=r(3), w=r(4), v=r(5))),
     ("scalar output, lost index", "s := x[i] + w[j]", {}, dict(x=r(3), w=r(4))),
+    # complex statements reading real inputs: their gradients are printed as real(...)
+    ("complex matmul, real input", "C[i,k] := A[i,j] * Z[j,k]", {}, dict(A=r(2, 3), Z=c(3, 2))),
+    ("real output of complex input", "y[i] := abs(z[i,j])**2 * x[j] + real(z[i,j] * x[j])",
+     {}, dict(z=c(2, 3), x=r(3))),
+    ("max of abs, real weight", "(max) m[i] := abs(z[i,j]) * x[j]", {},
+     dict(z=c(2, 3), x=np.abs(r(3)) + 0.5)),
 ]
 
 
@@ -59,7 +69,7 @@ def run_printed(k, cot, arrays, out):
 def test_printed_equations_reproduce_vjp(title, expr, options, arrays):
     k = kernel(expr, **options)
     out = k(**arrays)
-    cot = r(*out.shape)
+    cot = r(*out.shape) + (1j * r(*out.shape) if out.dtype.kind == "c" else 0)
     grads = k.vjp(cot, **arrays)
     assert set(grads) == set(arrays)
     for name, g in grads.items():

@@ -21,7 +21,8 @@ Rules beyond plain calculus:
   tuple (`where(RHS != RHS, <linear index>, <none>)` in the helper's last branch);
 - finalisers: `out = f(acc)`, so `f'(acc)` is written through `out` where f is invertible
   (`exp: out`, `sqrt: 0.5/out`, ...), else through a helper `out_pre[L] := RHS`;
-- complex arrays (Wirtinger calculus): dx += conj(dRHS/dx) * dout + dRHS/dconj(x) * conj(dout).
+- complex arrays (Wirtinger calculus): dx += conj(dRHS/dx) * dout + dRHS/dconj(x) * conj(dout),
+  of which a real input x takes the real part: dx += real(...).
 """
 from __future__ import annotations
 
@@ -79,12 +80,15 @@ class Derivation:
 _CACHE = memo.Memo("grad.derivations", 512)
 
 
-def derive(eq: Equation, nograd: tuple[str, ...] = (), complex_mode: bool = False) -> Derivation:
-    """Gradient equations of every differentiable input of `eq` (cached per arguments)."""
-    key = (eq, tuple(nograd), complex_mode)
+def derive(eq: Equation, nograd: tuple[str, ...] = (), complex_mode: bool = False,
+           real_inputs: tuple[str, ...] = ()) -> Derivation:
+    """Gradient equations of every differentiable input of `eq` (cached per arguments).
+    `real_inputs`: inputs that hold real values although the statement is complex; their
+    gradient terms are wrapped in real(...), so that they accumulate into a real array."""
+    key = (eq, tuple(nograd), complex_mode, tuple(real_inputs))
     d = _CACHE.get(key)
     if d is None:
-        d = _CACHE[key] = _derive(eq, tuple(nograd), complex_mode)
+        d = _CACHE[key] = _derive(eq, tuple(nograd), complex_mode, tuple(real_inputs))
     return d
 
 
@@ -131,7 +135,8 @@ def _lhs_slot(slot, eq: Equation):
     return slot
 
 
-def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool) -> Derivation:
+def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
+            real_inputs: tuple[str, ...] = ()) -> Derivation:
     text = eq.text or str(eq)
     taken = set(eq.indices) | set(eq.arrays) | set(eq.params) | {eq.output}
     cot = _fresh("d" + eq.output, taken)
@@ -217,6 +222,8 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool) -> Deriva
                 if not terms:
                     continue
                 value = terms[0] if len(terms) == 1 else Binary("+", terms[0], terms[1])
+                if name in real_inputs:     # the real part is the gradient of a real input
+                    value = Call("real", (value,))
                 if chosen is not None:
                     value = Call("where", (chosen, value, Const(0)))
                 rhs = _times(value, *masks)

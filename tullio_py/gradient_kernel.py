@@ -66,13 +66,16 @@ class Gradient:
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
 
     # ------------------------------------------------------------------ derivation
-    def derivation(self, complex_mode: bool = False) -> grad_mod.Derivation:
+    def derivation(self, complex_mode: bool = False, real_inputs=()) -> grad_mod.Derivation:
+        """The gradient statements; `real_inputs` (complex mode): inputs holding real values,
+        whose gradients are the real parts."""
         k = self.fwd
         eq = k.equation
         if not k.options.grad:
             raise GradientError("gradients are switched off for this kernel (grad=False)",
                                 eq.text, None, "create the kernel without grad=False")
-        d = grad_mod.derive(eq, k.options.nograd, complex_mode)
+        d = grad_mod.derive(eq, k.options.nograd, complex_mode,
+                            tuple(real_inputs) if complex_mode else ())
         if d.error:
             raise GradientError(d.error, eq.text, None)
         return d
@@ -124,7 +127,7 @@ class Gradient:
                              k(**{n: v for n, v in call.items() if n != eq.output or eq.assign != ":="}))
         record = {}
         for h, hk in st.helpers:
-            dtype = np.result_type(*[ns[a.array].dtype for a in h.accesses()])
+            dtype = self.helper_dtype(h, {**ns, **params})
             ns[h.output] = np.zeros(cot.shape, dtype)
             record[str(h)] = _run(hk, _pick(h, ns, params), rng, ns[h.output], params)
         result, jobs = {}, []
@@ -154,13 +157,13 @@ class Gradient:
                                 f"{eq.output} has shape {tuple(want)}", eq.text, eq.lhs.span)
         values = [collected[n] for n in eq.arrays] + [np.asarray(collected[p]) for p in eq.params]
         complex_mode = any(np.asarray(v).dtype.kind == "c" for v in values + [cot])
-        d = self.derivation(complex_mode)
+        d = self.derivation(complex_mode, self.real_inputs(eq, collected))
         grads = []
         for name, eqs in d.grads:
             x = collected[name]
-            if x.dtype.kind not in "fc" or not eqs:
-                continue
-            dtype = np.result_type(x.dtype, cot.dtype, np.complex64 if complex_mode else x.dtype)
+            if x.dtype.kind not in "fc":
+                continue        # (no statements: the gradient simplified to zero, and is zero)
+            dtype = self.gradient_dtype(x.dtype, cot.dtype, complex_mode)
             grads.append((name, dtype, [(g, self._kernel(g), self._clip_bare(g, rng, x.shape))
                                         for g in eqs]))
         all_shapes = {**shapes, eq.output: cot.shape, d.cotangent: cot.shape,
@@ -226,6 +229,34 @@ class Gradient:
             source = fused.render(plans)
             entry = self._fused[key] = (jit.load(source, "cpu", signature=repr(key)), source)
         return entry
+
+    @staticmethod
+    def real_inputs(eq: Equation, arrays: dict) -> tuple[str, ...]:
+        """The arrays read that hold real values (host or device arrays)."""
+        return tuple(n for n in eq.arrays if n in arrays and hasattr(arrays[n], "dtype")
+                     and np.dtype(arrays[n].dtype).kind != "c")
+
+    @staticmethod
+    def gradient_dtype(x, cot, complex_mode: bool) -> np.dtype:
+        """The dtype a gradient accumulates in: complex for a complex input, else real (a
+        real input of a complex statement takes the real part), never narrower than the
+        input or the cotangent."""
+        x, cot = np.dtype(x), np.dtype(cot)
+        if complex_mode and x.kind == "c":
+            return np.result_type(x, cot, np.complex64)
+        return np.result_type(x, np.finfo(cot).dtype if cot.kind == "c" else cot)
+
+    @staticmethod
+    def helper_dtype(h: Equation, values: dict) -> np.dtype:
+        """The dtype of a helper statement's array: numpy's result type of the arrays it
+        reads, real where complex values reach it only through abs/real/imag (the argmax
+        helper of `(max) m[i] := abs(z[i,j])`).  `values`: arrays (host or device) and
+        scalars by name."""
+        from .kernel import result_dtype
+        dtype = np.result_type(*[np.dtype(values[a.array].dtype) for a in h.accesses()])
+        if dtype.kind == "c" and result_dtype(h, values).kind != "c":
+            return np.finfo(dtype).dtype
+        return dtype
 
     @staticmethod
     def _reads(d, name) -> bool:

@@ -19,7 +19,7 @@ from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call 
 from .errors import ArgumentError, ParseError, RangeError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
 from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, IndexValue,
-                 Unary, walk)
+                 Param, Unary, walk)
 from .parse import parse
 from . import tape as _tape
 
@@ -29,29 +29,63 @@ _KERNELS = memo.Memo("kernel.kernels", 1024)
 
 # ----------------------------------------------------------------------------- helpers
 @memo.lru(maxsize=1024)
-def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool]:
+def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool, tuple]:
     """What the result type depends on, from the statement alone: the arrays read (not index
-    arrays), the constants, and whether a division or float function makes integers float."""
+    arrays), the constants, whether a division or float function makes integers float, and
+    what can make the result complex (below)."""
     read = tuple(dict.fromkeys(a.array for a in eq.accesses()))
     consts = tuple(n.value for n in walk(eq.rhs) if isinstance(n, Const))
     floaty = eq.finaliser in FLOAT_FUNCS or any(
         (isinstance(n, Binary) and n.op == "/") or (isinstance(n, Call) and n.func in FLOAT_FUNCS)
         for n in walk(eq.rhs))
-    return read, consts, floaty
+    return read, consts, floaty, _complex_sources(eq.rhs)
+
+
+_REAL_VALUED = ("abs", "real", "imag")     # real results of complex arguments, as in numpy
+
+
+def _complex_sources(e) -> tuple:
+    """(array names, parameter names, constants) whose values reach the right side's value
+    other than through abs/real/imag or a comparison: only these can make the result
+    complex (`abs(z[i])` of a complex z is real)."""
+    arrays, params, consts = {}, {}, []
+
+    def visit(n):
+        if isinstance(n, Access):
+            arrays[n.array] = None
+        elif isinstance(n, Param):
+            params[n.name] = None
+        elif isinstance(n, Const):
+            consts.append(n.value)
+        elif isinstance(n, Call) and n.func in _REAL_VALUED:
+            return
+        elif isinstance(n, Call) and n.func == "where":
+            visit(n.args[1])
+            visit(n.args[2])
+        elif isinstance(n, (Binary, Unary, Call)):
+            for c in ((n.left, n.right) if isinstance(n, Binary) else
+                      (n.operand,) if isinstance(n, Unary) else n.args):
+                visit(c)
+    visit(e)
+    return tuple(arrays), tuple(params), tuple(consts)
 
 
 def result_dtype(eq: Equation, arrays: dict) -> np.dtype:
     """numpy's result_type of the arrays read (not index arrays), with scalars weak; float when
-    the right side divides or calls a float function on integers."""
-    read, consts, floaty = _dtype_inputs(eq)
+    the right side divides or calls a float function on integers; real when complex values
+    reach it only through abs, real, imag (or comparisons)."""
+    read, consts, floaty, (c_arrays, c_params, c_consts) = _dtype_inputs(eq)
     dts = [arrays[n].dtype for n in read]
     weak = [_weak(arrays[p]) for p in eq.params] + [_weak(c) for c in consts]
     if dts:
         dt = np.result_type(*dts, *weak)
     else:
         dt = np.result_type(np.int64, *weak) if weak else np.dtype(np.int64)
-    if dt.kind in "biu" and floaty:
-        return np.dtype(np.float64)
+    if dt.kind == "c" and not (any(arrays[n].dtype.kind == "c" for n in c_arrays)
+                               or any(np.result_type(_weak(arrays[p])).kind == "c"
+                                      for p in c_params)
+                               or any(isinstance(c, complex) for c in c_consts)):
+        return np.finfo(dt).dtype
     if dt.kind == "b" and eq.reduction_indices:
         return np.dtype(np.int64)
     return np.dtype(dt)

@@ -52,7 +52,7 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
                             f"{eq.output} has shape {tuple(out_shape)}", eq.text, eq.lhs.span)
     complex_mode = any(np.dtype(d.dtype).kind == "c" for d in [*dev.values(), cot]) or any(
         isinstance(v, complex) for v in params.values())
-    d = gradient.derivation(complex_mode)
+    d = gradient.derivation(complex_mode, gradient.real_inputs(eq, dev))
     gparams = gradient._params(d, rng)
     ns = {n: v for n, v in dev.items() if n != eq.output or eq.output in eq.arrays}
     # a scalar output's cotangent is a scalar parameter of the gradient statements
@@ -65,20 +65,16 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
             ns[eq.output] = dev_mod._as_numba(again)
     stream = dev_mod._stream(lib, ref)
     for h in d.helpers:
-        dtype = np.result_type(*[np.dtype(ns[a.array].dtype) for a in h.accesses()])
+        dtype = gradient.helper_dtype(h, {**ns, **params, **gparams})
         ns[h.output], _ = dev_mod._alloc(lib, out_shape, dtype, 0, ref)
         _run(gradient._kernel(h), ns, params, gparams, rng, ns[h.output], stream)
     result = {}
     for name, eqs in d.grads:
         x = dev[name]
         xdt = np.dtype(x.dtype)
-        if xdt.kind not in "fc" or not eqs:
+        if xdt.kind not in "fc":
             continue
-        dtype = np.result_type(xdt, np.dtype(cot.dtype), np.complex64 if complex_mode else xdt)
-        if dtype.kind == "c" and xdt.kind != "c":
-            raise GradientError(f"the gradient of the real array {name} passes through complex "
-                                "values: not supported on the CUDA target", eq.text, None,
-                                "compute this gradient with CPU arrays")
+        dtype = gradient.gradient_dtype(xdt, np.dtype(cot.dtype), complex_mode)
         view, own = dev_mod._alloc(lib, x.shape, dtype, 0, ref)
         for g in eqs:
             _run(gradient._kernel(g), ns, params, gparams, gradient._clip_bare(g, rng, x.shape),

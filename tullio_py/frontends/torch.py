@@ -102,6 +102,8 @@ def torch_result_dtype(kernel, values: dict, np_dtype: np.dtype) -> torch.dtype:
     if out is None:
         return _torch_dtype(np_dtype)
     kind = np_dtype.kind
+    if kind in "biuf" and out.is_complex:      # complex values read only through abs/real/imag
+        out = out.to_real()
     if kind in "fc" and _category(out) < 2:
         out = torch.get_default_dtype() if kind == "f" else _complex_of(torch.get_default_dtype())
     elif kind in "iu" and out == torch.bool:
