@@ -260,7 +260,30 @@ def output_dtype(eq: Equation, arrays: dict) -> np.dtype:
         dt = np.dtype(np.float64)
     if dt.kind == "b" and eq.reduction_indices:
         dt = np.dtype(np.int64)
+    if dt.kind == "c" and not _complex_reaches(eq.rhs, arrays):
+        dt = np.real(np.zeros(1, dt)).dtype       # abs/real/imag of complex values are real
     return np.dtype(dt)
+
+
+def _complex_reaches(e, arrays) -> bool:
+    """Whether a complex value reaches e's value other than through abs, real, imag or a
+    comparison (numpy: np.abs of a complex array is real)."""
+    if isinstance(e, Access):
+        return np.asarray(arrays[e.array]).dtype.kind == "c"
+    if isinstance(e, Const):
+        return isinstance(e.value, complex)
+    if isinstance(e, Param):
+        return isinstance(_scalar(arrays[e.name]), (complex, np.complexfloating))
+    if isinstance(e, Call):
+        if e.func in ("abs", "real", "imag"):
+            return False
+        args = e.args[1:] if e.func == "where" else e.args
+        return any(_complex_reaches(a, arrays) for a in args)
+    if isinstance(e, Binary):
+        return _complex_reaches(e.left, arrays) or _complex_reaches(e.right, arrays)
+    if isinstance(e, Unary):
+        return _complex_reaches(e.operand, arrays)
+    return False            # comparisons, index values
 
 
 def _identity(reducer: str, dtype: np.dtype):

@@ -86,6 +86,8 @@ def result_dtype(eq: Equation, arrays: dict) -> np.dtype:
                                       for p in c_params)
                                or any(isinstance(c, complex) for c in c_consts)):
         return np.finfo(dt).dtype
+    if dt.kind in "biu" and floaty:
+        return np.dtype(np.float64)
     if dt.kind == "b" and eq.reduction_indices:
         return np.dtype(np.int64)
     return np.dtype(dt)

@@ -100,7 +100,7 @@ def vjp(k, cotangent, arrays: dict) -> dict:
 
     grng_of: dict = {}
     for h, _ in st.helpers:
-        dtype = np.result_type(*[ns[a.array].dtype for a in h.accesses()])
+        dtype = gr.helper_dtype(h, {**ns, **params})
         ns[h.output] = run(h, cot.shape, dtype,
                            None if h.assign == ":=" else da.zeros(cot.shape, dtype, chunks=cot.chunks))
     result = {}
