@@ -66,6 +66,9 @@ class Shifted:
         self.shifts = tuple(n for n in eq.indices
                             if any(len(s.terms) > 1 and n in s.names
                                    for a in accs for s in a.indices))
+        names = [s.names for s in eq.lhs.indices]       # every element of a new output written
+        self.full = all(isinstance(s, Affine) and s.is_bare for s in eq.lhs.indices) and \
+            len(set(names)) == len(names)
         self.plans = Memo("blas_shift.plans", 64)   # call signature -> Plan or None
 
     # ------------------------------------------------------------------ per call
@@ -93,11 +96,16 @@ class Shifted:
         p = self.plan(arrays, rng, shape, strides, dtype)
         if p is None:
             return None
+        # Without a loop over S each covered element is written once: `:=` and `=` store the
+        # product (matmul writes straight into the output where its layout allows).
+        write = not p.loop and eq.assign in (":=", "=")
         if eq.assign == ":=":
-            out = np.zeros(shape, dtype) if pad == 0 else np.full(shape, pad, dtype)
+            out = (np.empty(shape, dtype) if write and self.full else
+                   np.zeros(shape, dtype) if pad == 0 else np.full(shape, pad, dtype))
         elif any(np.may_share_memory(out, arrays[a.array]) for a in self.reads):
             return None
-        run(p, self, arrays, out, (eq.assign == ":=" and pad != 0) or eq.assign == "=")
+        zero = not write and ((eq.assign == ":=" and pad != 0) or eq.assign == "=")
+        run(p, self, arrays, out, zero, write)
         return out
 
 
@@ -150,6 +158,7 @@ class Plan:
     ops: tuple            # per read: (axes summed first, transpose, matmul shape)
     left: int             # which read is matmul's left operand
     res_shape: tuple      # matmul result reshaped to one axis per label
+    mm_shape: tuple       # matmul result: batch axes, then the two matrix dimensions
     out_perm: tuple       # output view axes in the order of res_shape
     small: int            # the read the scale multiplies (the smaller view)
     cost: float           # the model's seconds (for explain and tests)
@@ -262,7 +271,10 @@ def _arrange(S, views, vo, rng, itemsize) -> Plan:
     small = 0 if _prod(size[x] for x in labels[0]) <= _prod(size[x] for x in labels[1]) else 1
     im2col = not S and any(len(set(v.strides)) < len(v.strides) for v in views)
     return Plan(tuple(S), tuple(size[x] for x in S), (views[0], views[1], vo), tuple(ops),
-                left, tuple(size[x] for x in res), tuple(lo.index(x) for x in res), small,
+                left, tuple(size[x] for x in res),
+                tuple(size[x] for x in batch + ga + gb) + (_prod(size[x] for x in ma),
+                                                           _prod(size[x] for x in nb)),
+                tuple(lo.index(x) for x in res), small,
                 cost, im2col)
 
 
@@ -334,9 +346,10 @@ def _master(arr: np.ndarray, v: _View, writeable: bool) -> np.ndarray:
     return as_strided(base, v.shape, v.strides, writeable=writeable)
 
 
-def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool):
+def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
+        write: bool = False):
     """Accumulate the statement into `out` (cleared first where written, for `=` and a
-    `:=` output filled with a pad value)."""
+    `:=` output filled with a pad value), or with `write` (one step) store it there."""
     eq = sh.eq
     a0, a1 = (arrays[a.array] for a in sh.reads)
     m0 = _master(a0, p.views[0], False)
@@ -362,7 +375,13 @@ def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool):
             if contig:
                 x = np.ascontiguousarray(x)
             xs.append(x * scale if scale != 1 and i == p.small else x)
-        r = np.matmul(xs[p.left], xs[1 - p.left]).reshape(p.res_shape)
+        a, b = xs[p.left], xs[1 - p.left]
         t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
-        np.add(t, r, out=t, casting="unsafe")
+        if write:
+            try:
+                np.matmul(a, b, out=np.reshape(t, p.mm_shape, copy=False))
+            except (ValueError, TypeError):     # the output's layout is no matmul result
+                np.copyto(t, np.matmul(a, b).reshape(p.res_shape), casting="unsafe")
+            continue
+        np.add(t, np.matmul(a, b).reshape(p.res_shape), out=t, casting="unsafe")
     return out
