@@ -172,3 +172,19 @@ def test_explain_names_the_path_and_counts_the_work():
     loops = kernel(expr, blas=False).explain(**arrays)
     assert loops.path == "loops" and "order" in loops.detail and loops.flops == e.flops
     assert "blas_shift" in str(e)
+
+
+def test_complex_and_diagonal_output_with_pad():
+    """Complex operands; a diagonal left-hand side (`y[o,i,i]`) writes only the diagonal and
+    leaves the pad value elsewhere, as the loops do."""
+    expr, shapes, _ = CASES["conv1d"]
+    arrays = {n: (R.standard_normal(s) + 1j * R.standard_normal(s)) for n, s in shapes.items()}
+    k = Kernel(expr)
+    np.testing.assert_allclose(k(**arrays), kernel(expr, blas=False)(**arrays), rtol=1e-10)
+    assert _plan(k) is not None
+    diag = "y[o,i,i] := x[c,i] * w[o,c]"
+    x, w = R.standard_normal((32, 64)), R.standard_normal((32, 32))
+    k = Kernel(diag, pad=-1.0)
+    got = k(x=x, w=w)
+    np.testing.assert_allclose(got, kernel(diag, pad=-1.0, blas=False)(x=x, w=w), rtol=1e-10)
+    assert _plan(k) is not None and (got == -1.0).sum() == 32 * 64 * 63
