@@ -188,3 +188,26 @@ def test_complex_and_diagonal_output_with_pad():
     got = k(x=x, w=w)
     np.testing.assert_allclose(got, kernel(diag, pad=-1.0, blas=False)(x=x, w=w), rtol=1e-10)
     assert _plan(k) is not None and (got == -1.0).sum() == 32 * 64 * 63
+
+
+@pytest.mark.parametrize("case", ["conv1d", "full_conv"])
+def test_new_output_statement_into_a_given_array(case):
+    """run_with_ranges (dask blocks, gradients) hands a `:=` statement an output array, which
+    may hold garbage: the covered elements are overwritten, as the loops do."""
+    expr, shapes, _ = CASES[case]
+    arrays = _arrays(shapes)
+    k = Kernel(expr)
+    want = kernel(expr, blas=False)(**arrays)
+    rng = k.ranges(**arrays)
+    out = np.full(want.shape, np.nan)
+    assert k.run_with_ranges(arrays, rng, out, {}) is None, "should run through BLAS"
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-10)
+
+
+def test_pure_contraction_into_a_given_array():
+    """The same for blas.py's whole-array contractions."""
+    k = Kernel("C[i,k] := A[i,j] * B[j,k]")
+    A, B = R.standard_normal((64, 64)), R.standard_normal((64, 64))
+    out = np.full((64, 64), np.nan)
+    assert k.run_with_ranges({"A": A, "B": B}, k.ranges(A=A, B=B), out, {}) is None
+    np.testing.assert_allclose(out, A @ B, rtol=1e-12)

@@ -85,10 +85,13 @@ class Shifted:
             return p
 
     def call(self, arrays: dict, rng: dict, out, dtype, pad=0):
-        """Run through BLAS if the plan says so: the output (new for `:=`, else `out`, updated)
-        or None when the generated loops should run it instead (nothing was written)."""
+        """Run through BLAS if the plan says so: the output (new when `out` is None, else
+        `out`, updated) or None when the generated loops should run it instead (nothing was
+        written).  A `:=` statement given an output (run_with_ranges) overwrites the elements
+        it covers, like `=`."""
         eq = self.eq
-        if eq.assign == ":=":
+        fresh = out is None
+        if fresh:
             shape = tuple(output_shape(eq, rng))
             strides = _c_strides(shape, dtype.itemsize)
         else:
@@ -98,13 +101,14 @@ class Shifted:
             return None
         # Without a loop over S each covered element is written once: `:=` and `=` store the
         # product (matmul writes straight into the output where its layout allows).
-        write = not p.loop and eq.assign in (":=", "=")
-        if eq.assign == ":=":
+        overwrite = eq.assign in (":=", "=")
+        write = not p.loop and overwrite
+        if fresh:
             out = (np.empty(shape, dtype) if write and self.full else
                    np.zeros(shape, dtype) if pad == 0 else np.full(shape, pad, dtype))
         elif any(np.may_share_memory(out, arrays[a.array]) for a in self.reads):
             return None
-        zero = not write and ((eq.assign == ":=" and pad != 0) or eq.assign == "=")
+        zero = not write and ((fresh and pad != 0) or (overwrite and not fresh))
         run(p, self, arrays, out, zero, write)
         return out
 

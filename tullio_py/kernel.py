@@ -373,7 +373,9 @@ class Kernel:
         when it ran through BLAS instead (blas.py: a pure contraction whose ranges cover
         every array; blas_shift.py: shifted reads and sub-ranges as strided views)."""
         if self._whole_blas(arrays, rng, out):
-            _blas.run(self._blas, self.equation, {**arrays, **params}, out.dtype, out)
+            res = _blas.run(self._blas, self.equation, {**arrays, **params}, out.dtype, out)
+            if res is not out:          # a `:=` statement: blas.run made a new array
+                out[...] = res
             return None
         if self._shift is not None:
             done = self._shift.call({**arrays, **params}, rng, out, out.dtype, self.pad)
