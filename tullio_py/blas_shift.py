@@ -200,18 +200,27 @@ def _prod(xs):
 
 def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype):
     """The cheapest plan over every valid S and operand arrangement, or None."""
+    plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype)
+    best = min(plans, key=lambda p: p.cost, default=None)
+    work = _prod(len(rng[n]) for n in sh.eq.indices)
+    if best is None or best.cost > 2.0 * work / LOOP_RATE:
+        return None
+    return best
+
+
+def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype) -> list:
+    """For each valid S, its cheapest arrangement (empty when the call does not qualify);
+    benchmarks/blas_shift_costs.py --validate times them all against the model's choice."""
     eq = sh.eq
     arrs = [arrays[a.array] for a in sh.reads]
     if dtype.kind not in "fc" or any(a.dtype.kind not in "fc" for a in arrs):
-        return None
-    if any(len(rng[n]) == 0 for n in eq.indices):
-        return None
-    work = _prod(len(rng[n]) for n in eq.indices)
-    if work < MIN_WORK:
-        return None
+        return []
+    if any(len(rng[n]) == 0 for n in eq.indices) or \
+            _prod(len(rng[n]) for n in eq.indices) < MIN_WORK:
+        return []
     if any(s == 0 and n > 1 for s, n in zip(out_strides, out_shape)):
-        return None             # a broadcast output: several elements share memory
-    best = None
+        return []               # a broadcast output: several elements share memory
+    plans = []
     for k in range(len(sh.shifts) + 1):
         for S in combinations(sh.shifts, k):
             if any(len([n for n in s.names if n not in S]) > 1 for s in eq.lhs.indices):
@@ -219,13 +228,9 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype):
             views = [_view(a, x.shape, x.strides, rng, S) for a, x in zip(sh.reads, arrs)]
             vo = _view(eq.lhs, out_shape, out_strides, rng, S)
             if vo is None or None in views:
-                return None     # out of bounds: the loops raise the proper error
-            p = _arrange(S, views, vo, rng, dtype.itemsize)
-            if best is None or p.cost < best.cost:
-                best = p
-    if best is None or best.cost > 2.0 * work / LOOP_RATE:
-        return None
-    return best
+                return []       # out of bounds: the loops raise the proper error
+            plans.append(_arrange(S, views, vo, rng, dtype.itemsize))
+    return plans
 
 
 def _arrange(S, views, vo, rng, itemsize) -> Plan:
