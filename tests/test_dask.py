@@ -221,6 +221,12 @@ def test_unsupported_statements_raise_lowering_error():
     np.testing.assert_array_equal(got.compute(), want)
 
 
+def test_a_tape_does_not_record_dask_calls_silently():
+    from tullio_py import Tape
+    with Tape(), pytest.raises(LoweringError, match="Tape"):
+        tullio("y[i] := x[i]", x=da.ones(3, chunks=2))
+
+
 def test_unknown_chunk_sizes_are_an_argument_error():
     from tullio_py import ArgumentError
     x = da.from_array(np.arange(6.0), chunks=2)

@@ -47,7 +47,12 @@ def call(k, arrays: dict):
     """Kernel.__call__ with dask arrays: a lazy dask array (in-place forms return the updated
     array as a new dask array; the array passed is not modified)."""
     from ..kernel import result_dtype
+    from ..tape import current
     eq = k.equation
+    if current() is not None:
+        raise LoweringError("a Tape records calls on numpy arrays and torch tensors: it cannot "
+                            "record a lazy dask call", eq.text, None,
+                            "call the kernel outside `with Tape()`, and Kernel.vjp for gradients")
     collected, values = _inputs(k, arrays)
     shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
     ext = k._extrema(collected)
