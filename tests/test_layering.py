@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 # Stage of each module: a module may import (at any depth) only modules of a lower stage.
 STAGE = {
     "errors": 0, "cache": 0, "memo": 0, "overlap": 0, "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
-    "grad": 4, "blas": 4, "blas_shift": 4.5, "codetext": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
+    "grad_sympy": 3.5, "grad": 4, "blas": 4, "blas_shift": 4.5, "codetext": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
     "gradient_kernel": 9, "explain": 9.5, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
     "frontends.dask_graph": 11.2, "frontends.dask": 11.5,
     "frontends.torch": 12, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,
@@ -34,7 +34,7 @@ LATE_IMPORTS_ALLOWED = {
     ("frontends.torch", "frontends.torch_ops"): "custom ops for torch.compile, built on first use",
     ("frontends.torch", "frontends.cuda"): "CUDA tensors go to the CUDA frontend",
 }
-HEAVY = {"sympy": {"grad"}, "torch": {"frontends.torch", "frontends.torch_ops", "nn"},
+HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_ops", "nn"},
          "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen_cuda"},
          "dask": {"frontends.dask", "frontends.dask_graph"},
          "distributed": {"frontends.dask", "frontends.dask_graph"}}

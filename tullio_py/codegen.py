@@ -575,6 +575,15 @@ class _Render:
         red, assign = eq.reducer, eq.assign
         ident = identity_code(red, self.dtype)
         lhs = self.access(eq.lhs)
+        # A left-hand pad(...) position (the gradient of a padded gather) drops the writes that
+        # fall outside the output.
+        idx = [self.slot(s, eq.output, d) for d, s in enumerate(eq.lhs.indices)]
+        inside = " and ".join(f"0 <= {i} < {eq.output}.shape[{d}]" for d, (s, i) in
+                              enumerate(zip(eq.lhs.indices, idx))
+                              if isinstance(s, Wrapped) and s.kind == "pad")
+        if inside:
+            lhs = f"{eq.output}[{', '.join(idx)}]"
+        write = (lambda stmt: self.emit(f"if {inside}:\n    {stmt}")) if inside else self.emit
         if assign in (":=", "="):
             chunked = plan.chunked
             if chunked:          # the initialisation runs serially over plain loops
@@ -586,12 +595,11 @@ class _Render:
         self.emit_hoists(-1)
         value = self.rhs_without_guards()
         if plan.partial == "array":
-            idx = [self.slot(s, eq.output, d) for d, s in enumerate(eq.lhs.indices)]
             part = f"_part[_c, {', '.join(idx)}]"
             self.open_chunks(f"_part = _np.full((_nc,) + {eq.output}.shape, {ident}, _T)")
             self.open_range(range(n))
-            self.emit(self.combine(part, value, "*" if assign == "*=" else
-                                   "+" if assign == "-=" else red))
+            write(self.combine(part, value, "*" if assign == "*=" else
+                               "+" if assign == "-=" else red))
             self.close_to(1, 0)
             nd = len(eq.lhs.indices)
             for d in range(nd):
@@ -610,11 +618,11 @@ class _Render:
             return
         self.open_range(range(n))
         if assign == "-=":
-            self.emit(f"{lhs} -= {value}")
+            write(f"{lhs} -= {value}")
         elif assign == "*=":
-            self.emit(f"{lhs} *= {value}")
+            write(f"{lhs} *= {value}")
         else:
-            self.emit(self.combine(lhs, value))
+            write(self.combine(lhs, value))
 
 
 def replace_plan(plan: Plan, **changes) -> Plan:

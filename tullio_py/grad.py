@@ -1,4 +1,4 @@
-"""Symbolic gradients: Equation -> {input: gradient Equations}.  The only module that uses sympy.
+"""Symbolic gradients: Equation -> {input: gradient Equations} (the calculus: grad_sympy.py).
 
 For `out[L] := (red) RHS`, every read `x[S]` of a differentiable array gets the equation
 
@@ -21,6 +21,15 @@ Rules beyond plain calculus:
   tuple (`where(RHS != RHS, <linear index>, <none>)` in the helper's last branch);
 - finalisers: `out = f(acc)`, so `f'(acc)` is written through `out` where f is invertible
   (`exp: out`, `sqrt: 0.5/out`, ...), else through a helper `out_pre[L] := RHS`;
+- `(*)` and `*=`: dout/dRHS at one tuple is the product of the OTHER factors, exact with zeros
+  and without dividing by a factor that may be 0: helpers count the zero factors
+  (`out_zeros[L] := RHS == 0`) and multiply the nonzero ones (`(*) out_nonzero[L] := where(RHS
+  == 0, 1, RHS)`); the product of the others is `out_nonzero / RHS` when nothing is zero, the
+  nonzero product at the single zero factor, else 0.  `*=` multiplies by the old value too;
+- reads through `clamp()`, `mod()` or a padded gather are many-to-one: their gradient keeps the
+  wrapped position on the left (`dx[clamp(i+k-1)] += ...`), a scatter that accumulates every
+  tuple into the element it hits (threads: per-block partial copies, schedule.py);
+- 0-d parameters (`scalars`) get `ds += dout[L] * dRHS/ds`, summed over every index;
 - complex arrays (Wirtinger calculus): dx += conj(dRHS/dx) * dout + dRHS/dconj(x) * conj(dout),
   of which a real input x takes the real part: dx += real(...).
 """
@@ -30,8 +39,9 @@ from dataclasses import dataclass, replace
 
 from . import memo
 from .errors import GradientError
+from .grad_sympy import partials as _partials, times as _times
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, IndexValue, Param, Unary,
-                 Wrapped, walk)
+                 Wrapped, map_expr, slot_names, walk)
 
 # f'(acc) written through out = f(acc), for finalisers that can be inverted.
 _FINAL_VIA_OUT = {
@@ -72,6 +82,7 @@ class Derivation:
     params: tuple[tuple[str, tuple], ...]
     skipped: tuple[tuple[str, str], ...]            # (array, reason) never differentiated
     error: str | None = None                        # set when no gradient exists at all
+    scalars: tuple[str, ...] = ()                   # parameters among the inputs (0-d arrays)
 
     def equations(self, name: str) -> tuple[Equation, ...]:
         return dict(self.grads).get(name, ())
@@ -81,14 +92,16 @@ _CACHE = memo.Memo("grad.derivations", 512)
 
 
 def derive(eq: Equation, nograd: tuple[str, ...] = (), complex_mode: bool = False,
-           real_inputs: tuple[str, ...] = ()) -> Derivation:
+           real_inputs: tuple[str, ...] = (), scalars: tuple[str, ...] = ()) -> Derivation:
     """Gradient equations of every differentiable input of `eq` (cached per arguments).
     `real_inputs`: inputs that hold real values although the statement is complex; their
-    gradient terms are wrapped in real(...), so that they accumulate into a real array."""
-    key = (eq, tuple(nograd), complex_mode, tuple(real_inputs))
+    gradient terms are wrapped in real(...), so that they accumulate into a real array.
+    `scalars` names the parameters that get a gradient too (passed as 0-d arrays)."""
+    key = (eq, tuple(nograd), complex_mode, tuple(real_inputs), tuple(scalars))
     d = _CACHE.get(key)
     if d is None:
-        d = _CACHE[key] = _derive(eq, tuple(nograd), complex_mode, tuple(real_inputs))
+        d = _CACHE[key] = _derive(eq, tuple(nograd), complex_mode, tuple(real_inputs),
+                                  tuple(scalars))
     return d
 
 
@@ -113,31 +126,94 @@ def _top_masks(rhs):
     return masks, body
 
 
-def _times(*factors):
-    out = None
-    for f in factors:
-        if isinstance(f, Const) and f.value == 1:
-            continue
-        out = f if out is None else Binary("*", out, f)
-    return out if out is not None else Const(1)
-
-
-def _lhs_slot(slot, eq: Equation):
+def _lhs_slot(slot):
     """The forward read's position, as the gradient's left-hand position: `pad(e, lo, hi)`
     becomes e (the rewrite clips the new index to the gradient array, which drops exactly the
-    padding's contributions)."""
+    padding's contributions); a padded gather becomes `pad(J[k]+c)` (a write outside the array
+    is dropped); `clamp(e)` and `mod(e)` stay (many-to-one: a scatter)."""
     if isinstance(slot, Wrapped) and slot.kind == "pad":
-        if isinstance(slot.inner, Affine) and slot.inner.terms:
+        if isinstance(slot.inner, Affine):
             return slot.inner
-        raise GradientError(f"no gradient through the padded gather {slot} (a padded gather "
-                            "cannot be written to)", eq.text or str(eq), slot.span,
-                            "pass nograd=... for this array")
+        return Wrapped("pad", slot.inner, None, None, slot.span)
+    if isinstance(slot, Wrapped):
+        return Wrapped(slot.kind, slot.inner, None, None, slot.span)
     return slot
 
 
+@dataclass
+class _Chain:
+    """What every derivative of one statement shares: the top-level masks (restricting the
+    iteration), the body they multiply, helper statements and parameters, `factor` = d out[L] /
+    d body at one tuple (finaliser's f'(acc), the other factors of a product, *='s old value),
+    and for (max)/(min) the condition that selects the chosen tuple."""
+    masks: list
+    body: object
+    helpers: list
+    params: list
+    factor: object
+    chosen: object = None
+    found: object = None        # (max)/(min): the reduction found a tuple (`out_arg < none`)
+
+
+def chain(eq: Equation, taken: set, complex_mode: bool) -> _Chain | str:
+    """The shared part of the derivatives of `eq` (gradients here, tangents in tangent.py), or
+    the reason none exists.  New names (helpers, parameters) are added to `taken`."""
+    if eq.assign in ("+=", "-=", "*=") and (eq.finaliser or eq.reducer in ("max", "min")):
+        return (f"no gradient for '{eq.assign}' with "
+                f"{'a finaliser' if eq.finaliser else f'a ({eq.reducer}) reduction'}"
+                ": write the reduction to a new array first (':=')")
+    if eq.finaliser and complex_mode and eq.finaliser in ("abs", "relu", "real", "imag", "conj"):
+        return f"no gradient through the finaliser {eq.finaliser} of complex values"
+    masks, body = _top_masks(eq.rhs)
+    lhs = eq.lhs.indices
+    out_read = Access(eq.output, lhs)
+    c = _Chain(masks, body, [], [], Const(1))
+    # f'(acc) of the finaliser, and the value the reduction produced (for (max)/(min)).
+    fprime, reduced = Const(1), out_read
+    if eq.finaliser and (eq.finaliser in _FINAL_VIA_PRE or eq.reducer in ("max", "min")):
+        pre = _fresh(eq.output + "_pre", taken)
+        c.helpers.append(Equation(Access(pre, lhs), ":=", eq.rhs, eq.reduction, None))
+        reduced = Access(pre, lhs)
+        f = {**_FINAL_VIA_PRE, **{k: _pre_form(k) for k in _FINAL_VIA_OUT}}[eq.finaliser]
+        fprime = f(reduced)
+    elif eq.finaliser and eq.finaliser in _FINAL_VIA_OUT:
+        fprime = _FINAL_VIA_OUT[eq.finaliser](out_read)
+    elif eq.finaliser == "imag":
+        fprime = Const(0)
+    others = Const(1)
+    if eq.reducer in ("max", "min"):
+        red = eq.reduction_indices
+        lin = IndexValue(red[0])
+        for n in red[1:]:
+            length = _fresh("len_" + n, taken)
+            c.params.append((length, ("len", n)))
+            lin = Binary("+", Binary("*", lin, Param(length)), IndexValue(n))
+        none = _fresh(NONE_INDEX, taken)
+        c.params.append((none, ("none", red)))
+        arg = _fresh(eq.output + "_arg", taken)
+        # The first tuple whose value is the result; a NaN result came from the first NaN
+        # (NaN propagates through (max)/(min); torch's max(dim) picks that position too).
+        first = Call("where", (Compare(("!=",), (body, body)), lin, Param(none)))
+        first = Call("where", (Compare(("==",), (body, reduced)), lin, first))
+        c.helpers.append(Equation(Access(arg, lhs), ":=", _times(first, *masks), "min"))
+        c.chosen = Compare(("==",), (lin, Access(arg, lhs)))
+        c.found = Compare(("<",), (Access(arg, lhs), Param(none)))
+    elif eq.reducer == "*":
+        zeros, nonzero = _fresh(eq.output + "_zeros", taken), _fresh(eq.output + "_nonzero", taken)
+        is0 = Compare(("==",), (body, Const(0)))
+        c.helpers.append(Equation(Access(zeros, lhs), ":=", _times(is0, *masks)))
+        c.helpers.append(Equation(Access(nonzero, lhs), ":=",
+                                  _times(Call("where", (is0, Const(1), body)), *masks), "*"))
+        z, p = Access(zeros, lhs), Access(nonzero, lhs)
+        count = lambda k: Compare(("==",), (z, Const(k)))  # noqa: E731
+        others = Call("where", (is0, Call("where", (count(1), p, Const(0))),
+                                Call("where", (count(0), Binary("/", p, body), Const(0)))))
+    c.factor = _times(fprime, others, out_read if eq.assign == "*=" else Const(1))
+    return c
+
+
 def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
-            real_inputs: tuple[str, ...] = ()) -> Derivation:
-    text = eq.text or str(eq)
+            real_inputs: tuple[str, ...] = (), scalars: tuple[str, ...] = ()) -> Derivation:
     taken = set(eq.indices) | set(eq.arrays) | set(eq.params) | {eq.output}
     cot = _fresh("d" + eq.output, taken)
     index_arrays = {g.array for g in eq.gathers()}
@@ -147,103 +223,67 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
     if eq.output in read:
         skipped.append((eq.output, "the output itself (a Tape differentiates in-place updates)"))
     inputs = [n for n in dict.fromkeys(read) if n not in nograd and n != eq.output]
-    wrapped = [a.array for a in eq.accesses() if a.array in inputs and any(
-        isinstance(s, Wrapped) and (s.kind != "pad" or not isinstance(s.inner, Affine))
-        for s in a.indices)]
-    if wrapped:
-        bad = ", ".join(dict.fromkeys(wrapped))
-        return Derivation(eq, cot, (), (), (), (), tuple(skipped),
-                          f"no gradient for {bad}: it is read through clamp(), mod() or a padded "
-                          "gather, whose gradient would be a many-to-one scatter (not supported)"
-                          f" -- pass nograd=({', '.join(repr(n) for n in dict.fromkeys(wrapped))},)")
-    names = tuple((n, _fresh("d" + n, taken)) for n in inputs)
-    base = Derivation(eq, cot, names, (), (), (), tuple(skipped))
-    if eq.reducer == "*":
-        return _replace(base, error=f"no gradient for a (*) reduction: inputs {', '.join(inputs)} "
-                                    "would need a division by each factor, undefined where one is 0")
-    inplace = eq.assign in ("+=", "-=")
-    if inplace and (eq.finaliser or eq.reducer in ("max", "min")):
-        return _replace(base, error=f"no gradient for '{eq.assign}' with "
-                                    f"{'a finaliser' if eq.finaliser else f'a ({eq.reducer}) reduction'}"
-                                    ": write the reduction to a new array first (':=')")
-    masks, body = _top_masks(eq.rhs)
+    scalars = tuple(n for n in scalars if n in eq.params and n not in nograd)
+    names = tuple((n, _fresh("d" + n, taken)) for n in (*inputs, *scalars))
+    base = Derivation(eq, cot, names, (), (), (), tuple(skipped), scalars=scalars)
+    c = chain(eq, taken, complex_mode)
+    if isinstance(c, str):
+        return _replace(base, error=c)
     dout = Access(cot, eq.lhs.indices)
-    out_read = Access(eq.output, eq.lhs.indices)
-    helpers, params = [], []
-    # f'(acc) of the finaliser, and the value the reduction produced (for (max)/(min)).
-    fprime, reduced = Const(1), out_read
-    needs_pre = eq.finaliser and (eq.finaliser in _FINAL_VIA_PRE or eq.reducer in ("max", "min"))
-    if eq.finaliser and complex_mode and eq.finaliser in ("abs", "relu", "real", "imag", "conj"):
-        return _replace(base, error=f"no gradient through the finaliser {eq.finaliser} of "
-                                    "complex values")
-    if needs_pre:
-        pre = _fresh(eq.output + "_pre", taken)
-        helpers.append(Equation(Access(pre, eq.lhs.indices), ":=", eq.rhs, eq.reduction, None))
-        reduced = Access(pre, eq.lhs.indices)
-        f = {**_FINAL_VIA_PRE, **{k: _pre_form(k) for k in _FINAL_VIA_OUT}}[eq.finaliser]
-        fprime = f(reduced)
-    elif eq.finaliser and eq.finaliser in _FINAL_VIA_OUT:
-        fprime = _FINAL_VIA_OUT[eq.finaliser](out_read)
-    elif eq.finaliser in ("conj", "real"):
-        fprime = Const(1)
-    elif eq.finaliser == "imag":
-        fprime = Const(0)
-    chosen = None
-    if eq.reducer in ("max", "min"):
-        red = eq.reduction_indices
-        lin = IndexValue(red[0])
-        for n in red[1:]:
-            length = _fresh("len_" + n, taken)
-            params.append((length, ("len", n)))
-            lin = Binary("+", Binary("*", lin, Param(length)), IndexValue(n))
-        none = _fresh(NONE_INDEX, taken)
-        params.append((none, ("none", red)))
-        arg = _fresh(eq.output + "_arg", taken)
-        # The first tuple whose value is the result; a NaN result came from the first NaN
-        # (NaN propagates through (max)/(min); torch's max(dim) picks that position too).
-        found = Call("where", (Compare(("!=",), (body, body)), lin, Param(none)))
-        found = Call("where", (Compare(("==",), (body, reduced)), lin, found))
-        helpers.append(Equation(Access(arg, eq.lhs.indices), ":=",
-                                _times(found, *masks), "min"))
-        chosen = Compare(("==",), (lin, Access(arg, eq.lhs.indices)))
-    partials = _partials(body, inputs, complex_mode, text)
-    grads = []
+    partials = _partials(c.body, inputs, complex_mode, scalars)
+    grads, params = [], list(c.params)
     sign_op = "-=" if eq.assign == "-=" else "+="
-    for name in inputs:
+    for name in (*inputs, *scalars):
         out_eqs = []
         for acc, (d, dbar) in partials[name]:
-            lhs = Access(dict(names)[name], tuple(_lhs_slot(s, eq) for s in acc.indices))
+            slots = acc.indices if isinstance(acc, Access) else ()
+            lhs = Access(dict(names)[name], tuple(_lhs_slot(s) for s in slots))
             if complex_mode:
                 terms = []
                 if d is not None:
-                    terms.append(_times(dout, Call("conj", (_times(fprime, d),))))
+                    terms.append(_times(dout, Call("conj", (_times(c.factor, d),))))
                 if dbar is not None:
-                    terms.append(_times(Call("conj", (dout,)), _times(fprime, dbar)))
+                    terms.append(_times(Call("conj", (dout,)), _times(c.factor, dbar)))
                 if not terms:
                     continue
                 value = terms[0] if len(terms) == 1 else Binary("+", terms[0], terms[1])
                 if name in real_inputs:     # the real part is the gradient of a real input
                     value = Call("real", (value,))
-                if chosen is not None:
-                    value = Call("where", (chosen, value, Const(0)))
-                rhs = _times(value, *masks)
+                if c.chosen is not None:
+                    value = Call("where", (c.chosen, value, Const(0)))
+                rhs = _times(value, *c.masks)
             else:
                 if d is None:
                     continue
-                partial = _times(fprime, d)
-                if chosen is not None:
-                    partial = Call("where", (chosen, partial, Const(0)))
-                rhs = _times(dout, partial, *masks)
-            out_eqs.append(_count_lost(eq, Equation(lhs, sign_op, rhs), taken, params))
+                partial = _times(c.factor, d)
+                if c.chosen is not None:
+                    partial = Call("where", (c.chosen, partial, Const(0)))
+                rhs = _times(dout, partial, *c.masks)
+            out_eqs.append(finish(eq, c, Equation(lhs, sign_op, rhs), taken, params))
         grads.append((name, tuple(out_eqs)))
-    return _replace(base, helpers=tuple(helpers), grads=tuple(grads), params=tuple(params))
+    return _replace(base, helpers=tuple(c.helpers), grads=tuple(grads), params=tuple(params))
 
 
-def _count_lost(fwd: Equation, g: Equation, taken: set, params: list) -> Equation:
+def finish(fwd: Equation, c: _Chain, g: Equation, taken: set, params: list) -> Equation:
+    """A derivative statement made complete: forward indices it lost are summed (`_count_lost`),
+    except under (max)/(min) when it reads no reduction index (the derivative of a shift `+ t`):
+    the sum over the reduction of `where(chosen, v, 0)` is v once, where a tuple was found."""
+    once = ()
+    if c.chosen is not None and not set(fwd.reduction_indices) & _bracketed(g):
+        g = replace(g, rhs=map_expr(g.rhs, lambda n: c.found if n == c.chosen else n))
+        once = fwd.reduction_indices
+    return _count_lost(fwd, g, taken, params, once)
+
+
+def _bracketed(eq: Equation) -> set:
+    return {n for acc in [eq.lhs, *eq.accesses()] for s in acc.indices for n in slot_names(s)}
+
+
+def _count_lost(fwd: Equation, g: Equation, taken: set, params: list, once=()) -> Equation:
     """A forward index that the gradient term no longer mentions anywhere was still summed
     over: `y[i] := x[i] + w[j]` is J*x[i] + sum(w), so dx[i] += dy[i] * len_j.  Each such index
     multiplies the term by the length of its forward range (a parameter filled in per call)."""
-    lost = [n for n in fwd.indices if n not in g.indices]
+    lost = [n for n in fwd.indices if n not in g.indices and n not in once]
     factors = []
     for n in lost:
         existing = [p for p, (kind, what) in params if kind == "len" and what == n]
@@ -279,22 +319,6 @@ def _replace(d: Derivation, **kw) -> Derivation:
     return replace(d, **kw)
 
 
-# ----------------------------------------------------------------------------- sympy
-def _partials(body, inputs, complex_mode: bool, text: str) -> dict:
-    """{input: [(read, (d body/d read, d body/d conj(read)) as IR or None)]}."""
-    conv = _Converter(complex_mode)
-    s = conv.to_sympy(body)
-    out = {n: [] for n in inputs}
-    for acc, (sym, sym_bar) in conv.reads.items():
-        if acc.array not in out:
-            continue
-        d = _diff(s, sym)
-        dbar = _diff(s, sym_bar) if sym_bar is not None else 0
-        out[acc.array].append((acc, (conv.to_ir(d) if d != 0 else None,
-                                     conv.to_ir(dbar) if dbar != 0 else None)))
-    return out
-
-
 def is_shifted_lhs(eq: Equation) -> bool:
     """True when a left-hand position is not a bare index or a constant."""
     return any(not isinstance(s, Affine) or (s.terms and not s.is_bare) for s in eq.lhs.indices)
@@ -305,237 +329,3 @@ def uses_array(eq: Equation, name: str) -> bool:
         g.array == name for g in eq.gathers())
 
 
-_SYM = None
-
-
-def _sympy():
-    """sympy and the function classes the derivatives need, built once on first use."""
-    global _SYM
-    if _SYM is not None:
-        return _SYM
-    import sympy as sp
-
-    class Where(sp.Function):
-        nargs = 3
-
-        def _eval_derivative(self, s):
-            c, a, b = self.args
-            da, db = sp.diff(a, s), sp.diff(b, s)
-            return sp.S.Zero if da == 0 and db == 0 else Where(c, da, db)
-
-    class Cmp(sp.Function):      # (op code, a, b): 1 or 0; derivative zero
-        nargs = 3
-
-        def _eval_derivative(self, s):
-            return sp.S.Zero
-
-    def chain(fprime):
-        def _eval_derivative(self, s):
-            a = self.args[0]
-            da = sp.diff(a, s)
-            return sp.S.Zero if da == 0 else fprime(self, a, da)
-        return _eval_derivative
-
-    class Relu(sp.Function):
-        nargs = 1
-        _eval_derivative = chain(lambda f, a, da: Where(Cmp(1, a, 0), da, 0))
-
-    class Sign(sp.Function):
-        nargs = 1
-        _eval_derivative = chain(lambda f, a, da: sp.S.Zero)
-
-    class Abs(sp.Function):      # real arguments: the gradient at 0 is 0 (as torch)
-        nargs = 1
-        _eval_derivative = chain(lambda f, a, da: Sign(a) * da)
-
-    class Sigmoid(sp.Function):
-        nargs = 1
-        _eval_derivative = chain(lambda f, a, da: f * (1 - f) * da)
-
-    class Log1p(sp.Function):
-        nargs = 1
-        _eval_derivative = chain(lambda f, a, da: da / (1 + a))
-
-    class Expm1(sp.Function):
-        nargs = 1
-        _eval_derivative = chain(lambda f, a, da: sp.exp(a) * da)
-
-    def choose(name: str, cmp: int):
-        """max/min of two values: the gradient goes through the chosen argument (ties: the
-        first; a NaN argument is the result, the first if both are NaN); `cmp` is the
-        comparison code that selects the first argument."""
-        def _eval_derivative(self, s):
-            a, b = self.args
-            da, db = sp.diff(a, s), sp.diff(b, s)
-            if da == 0 and db == 0:
-                return sp.S.Zero
-            return Where(Cmp(cmp, a, b), da, Where(Cmp(5, a, a), da, db))
-        return type(name, (sp.Function,), {"nargs": 2, "_eval_derivative": _eval_derivative})
-
-    Max2, Min2 = choose("Max2", 3), choose("Min2", 2)
-
-    class ConjParam(sp.Function):
-        nargs = 1
-        _eval_derivative = chain(lambda f, a, da: sp.S.Zero)
-
-    ns = dict(sp=sp, Where=Where, Cmp=Cmp, Relu=Relu, Sign=Sign, Abs=Abs, Sigmoid=Sigmoid,
-              Log1p=Log1p, Expm1=Expm1, Max2=Max2, Min2=Min2, ConjParam=ConjParam)
-    _SYM = type("SympyEnv", (), ns)
-    return _SYM
-
-
-_CMP_OPS = ("<", ">", "<=", ">=", "==", "!=")
-_ANALYTIC = {"exp": "exp", "log": "log", "sqrt": "sqrt", "sin": "sin", "cos": "cos", "tan": "tan",
-             "tanh": "tanh", "sinh": "sinh", "cosh": "cosh", "arctan": "atan"}
-
-
-def _diff(expr, sym):
-    return _sympy().sp.diff(expr, sym)
-
-
-class _Converter:
-    """IR <-> sympy.  Every distinct array read becomes a symbol (and, for complex data, a
-    second symbol for its conjugate); comparisons and where-conditions of the forward, index
-    values and parameters become opaque symbols that convert back to the original IR."""
-
-    def __init__(self, complex_mode: bool):
-        self.S = _sympy()
-        self.complex = complex_mode
-        self.reads: dict = {}      # Access -> (symbol, conj symbol or None)
-        self.back: dict = {}       # symbol name -> IR
-        self.opaque: dict = {}     # IR -> symbol
-
-    def _symbol(self, ir, prefix: str):
-        if ir not in self.opaque:
-            name = f"_{prefix}{len(self.back)}"
-            self.opaque[ir] = self.S.sp.Symbol(name, real=not self.complex)
-            self.back[name] = ir
-        return self.opaque[ir]
-
-    def read(self, acc: Access, conj: bool):
-        if acc not in self.reads:
-            z = self._symbol(acc, "a")
-            zb = None
-            if self.complex:
-                zb = self.S.sp.Symbol(f"_b{len(self.back)}")
-                self.back[zb.name] = Call("conj", (acc,))
-            self.reads[acc] = (z, zb)
-        z, zb = self.reads[acc]
-        return zb if conj and zb is not None else z
-
-    def to_sympy(self, e, conj: bool = False):
-        S, sp = self.S, self.S.sp
-        go = lambda x: self.to_sympy(x, conj)  # noqa: E731
-        if isinstance(e, Access):
-            return self.read(e, conj)
-        if isinstance(e, Const):
-            v = e.value
-            if isinstance(v, complex):
-                v = v.conjugate() if conj else v
-                return sp.Float(v.real) + sp.I * sp.Float(v.imag)
-            return sp.Integer(v) if isinstance(v, (int, bool)) else sp.Float(v)
-        if isinstance(e, Param):
-            p = self._symbol(e, "p")
-            return S.ConjParam(p) if conj and self.complex else p
-        if isinstance(e, (IndexValue, Compare)):
-            return self._symbol(e, "c")
-        if isinstance(e, Unary):
-            return -go(e.operand) if e.op == "-" else go(e.operand)
-        if isinstance(e, Binary):
-            a, b = go(e.left), go(e.right)
-            return {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b,
-                    "/": lambda: a / b, "**": lambda: a ** b}[e.op]()
-        if isinstance(e, Call):
-            f = e.func
-            if f == "where":
-                return S.Where(self._symbol(e.args[0], "c"), go(e.args[1]), go(e.args[2]))
-            if f == "conj":
-                return self.to_sympy(e.args[0], not conj) if self.complex else go(e.args[0])
-            if f in ("real", "imag"):
-                if not self.complex:
-                    return go(e.args[0]) if f == "real" else sp.S.Zero
-                a, ab = self.to_sympy(e.args[0], conj), self.to_sympy(e.args[0], not conj)
-                return (a + ab) / 2 if f == "real" else (a - ab) / (2 * sp.I) * (-1 if conj else 1)
-            if f == "abs" and self.complex:
-                return sp.sqrt(self.to_sympy(e.args[0], False) * self.to_sympy(e.args[0], True))
-            args = [go(a) for a in e.args]
-            if f in _ANALYTIC:
-                return getattr(sp, _ANALYTIC[f])(args[0])
-            cls = {"abs": S.Abs, "relu": S.Relu, "sigmoid": S.Sigmoid, "log1p": S.Log1p,
-                   "expm1": S.Expm1, "max": S.Max2, "min": S.Min2}[f]
-            return cls(*args)
-        raise GradientError(f"cannot differentiate {e}")
-
-    def to_ir(self, e):
-        S, sp = self.S, self.S.sp
-        if isinstance(e, sp.Symbol):
-            return self.back[e.name]
-        if e.is_Number or e == sp.I or (e.is_number and e.is_Add):
-            return _number(complex(e) if not e.is_real else e)
-        if isinstance(e, sp.Add):
-            terms = list(e.as_ordered_terms())
-            out = self.to_ir(terms[0])
-            for t in terms[1:]:
-                if t.could_extract_minus_sign():
-                    out = Binary("-", out, self.to_ir(-t))
-                else:
-                    out = Binary("+", out, self.to_ir(t))
-            return out
-        if isinstance(e, sp.Mul):
-            if e.could_extract_minus_sign():
-                return Unary("-", self.to_ir(-e))
-            num, den = [], []
-            for f in e.as_ordered_factors():
-                if f.is_Pow and f.exp.is_number and f.exp.is_negative:
-                    den.append(f.base ** (-f.exp))
-                elif f.is_Rational and not f.is_Integer:
-                    num.append(sp.Integer(f.p))
-                    den.append(sp.Integer(f.q))
-                else:
-                    num.append(f)
-            num = [f for f in num if f != 1]
-            top = _times(*[self.to_ir(f) for f in num]) if num else Const(1)
-            if not den:
-                return top
-            return Binary("/", top, _times(*[self.to_ir(f) for f in den]))
-        if isinstance(e, sp.Pow):
-            b, x = e.base, e.exp
-            if x == sp.Rational(1, 2):
-                return Call("sqrt", (self.to_ir(b),))
-            if x.is_number and x.is_negative:
-                return Binary("/", Const(1), self.to_ir(b ** (-x)))
-            if x.is_Rational and not x.is_Integer:
-                return Binary("**", self.to_ir(b), Binary("/", Const(int(x.p)), Const(int(x.q))))
-            return Binary("**", self.to_ir(b), self.to_ir(x))
-        if isinstance(e, sp.exp):
-            return Call("exp", (self.to_ir(e.args[0]),))
-        inv = {v: k for k, v in _ANALYTIC.items()}
-        name = type(e).__name__
-        if name in inv and name != "sqrt":
-            return Call(inv[name], (self.to_ir(e.args[0]),))
-        args = e.args
-        if isinstance(e, S.Where):
-            return Call("where", (self.to_ir(args[0]), self.to_ir(args[1]), self.to_ir(args[2])))
-        if isinstance(e, S.Cmp):
-            return Compare((_CMP_OPS[int(args[0])],), (self.to_ir(args[1]), self.to_ir(args[2])))
-        if isinstance(e, S.Sign):
-            a = self.to_ir(args[0])
-            return Binary("-", Compare((">",), (a, Const(0))), Compare(("<",), (a, Const(0))))
-        if isinstance(e, S.ConjParam):
-            return Call("conj", (self.to_ir(args[0]),))
-        simple = {S.Abs: "abs", S.Relu: "relu", S.Sigmoid: "sigmoid", S.Log1p: "log1p",
-                  S.Expm1: "expm1", S.Max2: "max", S.Min2: "min"}
-        for cls, f in simple.items():
-            if isinstance(e, cls):
-                return Call(f, tuple(self.to_ir(a) for a in args))
-        raise GradientError(f"cannot convert the derivative {e} back to tullio_py notation")
-
-
-def _number(v):
-    if isinstance(v, complex):
-        return Const(complex(float(v.real), float(v.imag)))
-    if v.is_Integer:
-        return Const(int(v))
-    if v.is_Rational:
-        return Binary("/", Const(int(v.p)), Const(int(v.q)))
-    return Const(float(v))

@@ -66,16 +66,17 @@ class Gradient:
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
 
     # ------------------------------------------------------------------ derivation
-    def derivation(self, complex_mode: bool = False, real_inputs=()) -> grad_mod.Derivation:
+    def derivation(self, complex_mode: bool = False, real_inputs=(), scalars=()) -> grad_mod.Derivation:
         """The gradient statements; `real_inputs` (complex mode): inputs holding real values,
-        whose gradients are the real parts."""
+        whose gradients are the real parts; `scalars`: parameters passed as 0-d arrays, which
+        get a gradient too."""
         k = self.fwd
         eq = k.equation
         if not k.options.grad:
             raise GradientError("gradients are switched off for this kernel (grad=False)",
                                 eq.text, None, "create the kernel without grad=False")
         d = grad_mod.derive(eq, k.options.nograd, complex_mode,
-                            tuple(real_inputs) if complex_mode else ())
+                            tuple(real_inputs) if complex_mode else (), tuple(scalars))
         if d.error:
             raise GradientError(d.error, eq.text, None)
         return d
@@ -105,6 +106,12 @@ class Gradient:
             return cuda_vjp.vjp(self, cotangent, dict(arrays))
         cot = np.asarray(cotangent)
         out_value = arrays.pop(eq.output, None)
+        if eq.assign == "*=" and out_value is None:
+            raise GradientError(f"the gradient of '*=' needs the value of {eq.output} before the "
+                                "statement", eq.text, eq.lhs.span, f"pass {eq.output}=... to vjp")
+        # Parameters passed as 0-d float arrays get a gradient too (a learnable scale).
+        scalars = {n: arrays[n] for n in eq.params if isinstance(arrays.get(n), np.ndarray)
+                   and arrays[n].ndim == 0 and arrays[n].dtype.kind in "fc"}
         call = dict(arrays)
         if eq.assign != ":=":
             call[eq.output] = out_value if out_value is not None else np.zeros(cot.shape, cot.dtype)
@@ -114,10 +121,11 @@ class Gradient:
         # their checks run on every call.
         sig = (cot.dtype.str, cot.shape, tuple(
             (n, a.dtype.str, a.shape, a.strides) if isinstance(a, np.ndarray)
-            else (n, type(a).__name__) for n, a in collected.items()))
+            else (n, type(a).__name__) for n, a in collected.items()),
+            tuple((n, a.dtype.str) for n, a in scalars.items()))
         st = self._states.get(sig)
         if st is None or st.gathers:
-            st = self._state(collected, cot)
+            st = self._state(collected, cot, scalars)
             self._states[sig] = st
         d, rng, params = st.d, st.rng, st.params
         ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}
@@ -132,18 +140,18 @@ class Gradient:
             record[str(h)] = _run(hk, _pick(h, ns, params), rng, ns[h.output], params)
         result, jobs = {}, []
         for name, dtype, eqs in st.grads:
-            result[name] = dx = np.zeros(collected[name].shape, dtype)
+            result[name] = dx = np.zeros(np.shape(scalars.get(name, collected[name])), dtype)
             jobs += [(g, gk, _pick(g, ns, params), grng, dx) for g, gk, grng in eqs]
         self._run_jobs(jobs, params, record, st)
         for name in result:
-            x, dx = collected[name], result[name]
+            x, dx = scalars.get(name, collected[name]), result[name]
             if x.dtype.kind != "c" and dx.dtype.kind == "c":
                 dx = dx.real
             result[name] = dx.astype(x.dtype, copy=False)
         self._last = (d, rng, st.shapes, params, record)
         return result
 
-    def _state(self, collected: dict, cot: np.ndarray) -> "_CallState":
+    def _state(self, collected: dict, cot: np.ndarray, scalars: dict) -> "_CallState":
         """What a vjp call with these shapes, dtypes and strides runs (checks included)."""
         k, eq = self.fwd, self.fwd.equation
         shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
@@ -157,15 +165,18 @@ class Gradient:
                                 f"{eq.output} has shape {tuple(want)}", eq.text, eq.lhs.span)
         values = [collected[n] for n in eq.arrays] + [np.asarray(collected[p]) for p in eq.params]
         complex_mode = any(np.asarray(v).dtype.kind == "c" for v in values + [cot])
-        d = self.derivation(complex_mode, self.real_inputs(eq, collected))
+        real = self.real_inputs(eq, collected) + tuple(
+            n for n, a in scalars.items() if a.dtype.kind != "c")
+        d = self.derivation(complex_mode, real, tuple(scalars))
         grads = []
         for name, eqs in d.grads:
-            x = collected[name]
+            x = scalars.get(name, collected[name])
             if x.dtype.kind not in "fc":
                 continue        # (no statements: the gradient simplified to zero, and is zero)
             dtype = self.gradient_dtype(x.dtype, cot.dtype, complex_mode)
             grads.append((name, dtype, [(g, self._kernel(g), self._clip_bare(g, rng, x.shape))
                                         for g in eqs]))
+        shapes.update({n: () for n in scalars})
         all_shapes = {**shapes, eq.output: cot.shape, d.cotangent: cot.shape,
                       **{h.output: cot.shape for h in d.helpers},
                       **{dn: shapes[n] for n, dn in d.gradient_names}}
@@ -188,7 +199,8 @@ class Gradient:
             named = dict(bound)
             for k, name in zip(members, outputs):
                 named.update(jobs[k][2])
-                named[name] = jobs[k][4]
+                out = jobs[k][4]
+                named[name] = out.reshape(1) if out.ndim == 0 else out    # (a view)
             args = [codegen.range_argument(a, rng) if a.startswith(("_start_", "_stop_")) else
                     params[a] if a in params else named[a] for a in source.args]
             jit.call(fn, args, source.parallel,

@@ -80,7 +80,7 @@ class _Parser:
         lhs_tree = self.python_ast(*lhs_span, brackets_only=True)
         rhs_tree = self.python_ast(*rhs_span, brackets_only=True)
         self.index_names = set(self.extra) | self.bracket_names(lhs_tree) | self.bracket_names(rhs_tree)
-        lhs = self.lhs(lhs_tree)
+        lhs = self.lhs(lhs_tree, op)
         rhs = self.expr(rhs_tree)
         eq = Equation(lhs, op, rhs, reduction, finaliser, text)
         self.check_rules(eq, op_at, rhs_span)
@@ -181,16 +181,21 @@ class _Parser:
         return names
 
     # --------------------------------------------------------------- left-hand side
-    def lhs(self, node) -> Access:
+    def lhs(self, node, op: str) -> Access:
         if isinstance(node, ast.Name):
             self.check_name(node)
             return Access(node.id, (), node.span)
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
             acc = self.access(node)
             for s in acc.indices:
-                if isinstance(s, Wrapped):
-                    self.fail(f"{s.kind}(...) is not allowed on the left-hand side: it is a "
-                              "boundary rule for reads", s.span)
+                # A wrapped left position is a many-to-one scatter (the gradient of a clamp,
+                # mod or padded read): every tuple adds into the element it hits (pad: writes
+                # outside the array are dropped), so only the accumulating forms allow it.
+                if isinstance(s, Wrapped) and (op not in ("+=", "-=") or s.lo is not None):
+                    self.fail(f"{s.kind}(...) on the left-hand side accumulates into the element "
+                              "it hits: it needs '+=' or '-='" + (" and no pad amounts"
+                                                                 if s.kind == "pad" else ""),
+                              s.span, "or move the boundary rule to a read on the right")
             return acc
         self.fail("the left-hand side must be an array with indices, like C[i,k], or a name for a "
                   "scalar result", node.span)

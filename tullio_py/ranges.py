@@ -10,6 +10,8 @@ Every array position gives a constraint `lo <= affine < hi` on the indices in it
   the elements of J the statement can read (`J[0,k]` reads row 0 only: gather_extrema); a
   gather without an index in its offset (`A[J[k]]`) is checked once the ranges are known,
   over exactly the elements the loops read.
+- a top-level mask `(lo <= i < hi)` with integer bounds gives the range of an index that no
+  array position constrains (elsewhere a mask only restricts the iteration, as a guard).
 This is the only place that proves array accesses are in bounds: numba does not check them.
 
 A position holding several indices (`x[i+j]`) constrains them jointly, and when each of them
@@ -39,7 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import RangeError
-from .ir import Access, Affine, Equation, Gather, Wrapped, slot_names
+from .ir import (Access, Affine, Binary, Compare, Const, Equation, Gather, IndexValue, Unary,
+                 Wrapped, slot_names)
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,9 @@ def infer(eq: Equation, shapes: dict[str, tuple[int, ...]],
                                                                   or r.stop <= r.start):
                 _fail(eq, f"ranges= gives {name} the range {r.start}:{r.stop}, but "
                           f"{_describe(c)}", c.source.span)
+    for name, (lo, hi) in _mask_ranges(eq.rhs).items():
+        if name not in known and not any(name in c.expr.names for c in cons):
+            known[name] = (lo, hi)
     # 2. Positions holding several indices, all with a range from step 1: the one index of
     # the lowest tier yields, reduction tier first, so each target meets settled ranges only.
     multi = [c for c in cons if len(c.expr.terms) > 1]
@@ -302,6 +308,26 @@ def infer(eq: Equation, shapes: dict[str, tuple[int, ...]],
                       "reduction indices)", c.expr.span or c.source.span,
                   "give ranges= for all but one of them")
     return {n: range(a, max(a, b)) for n, (a, b) in known.items() if n in eq.indices or n in given}
+
+
+def _mask_ranges(rhs) -> dict[str, tuple[int, int]]:
+    """Top-level factors `(lo <= i < hi)` with integer bounds: the range of an index that no
+    array position constrains (printed gradients of clamp()/mod() reads carry the forward's
+    range of such an index this way)."""
+    def const(x):
+        if isinstance(x, Unary) and x.op == "-":
+            v = const(x.operand)
+            return None if v is None else -v
+        return x.value if isinstance(x, Const) and type(x.value) is int else None
+    out, stack = {}, [rhs]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Binary) and e.op == "*":
+            stack += [e.left, e.right]
+        elif (isinstance(e, Compare) and e.ops == ("<=", "<") and isinstance(e.operands[1], IndexValue)
+              and const(e.operands[0]) is not None and const(e.operands[2]) is not None):
+            out[e.operands[1].name] = (const(e.operands[0]), const(e.operands[2]))
+    return out
 
 
 def _first_use(eq: Equation, name: str):
