@@ -271,14 +271,22 @@ def test_in_place_output_too_small():
             A=np.ones(3))
 
 
-def test_gradient_of_product_reduction():
+def test_gradient_of_times_equal_needs_the_old_value():
     from tullio_py import kernel
-    k = kernel("(*) P[i] := A[i,j]")
+    k = kernel("P[i] *= A[i,j]")
     A = np.ones((2, 3))
-    np.testing.assert_allclose(k(A=A), np.ones(2))  # the forward pass is fine
+    np.testing.assert_allclose(k(P=np.ones(2), A=A), np.ones(2))  # the forward pass is fine
     with pytest.raises(GradientError) as excinfo:
         k.vjp(np.ones(2), A=A)
-    assert re.search(r"\(\*\)|product", str(excinfo.value))
+    assert re.search(r"before the statement", str(excinfo.value))
+    assert "pass P=" in str(excinfo.value)
+
+
+@pytest.mark.parametrize("text,at", [("y[clamp(i)] := x[i]", (2, 10)),
+                                     ("y[pad(i-1, 1, 1)] += x[i]", (2, 16))])
+def test_wrapped_left_positions_need_accumulation(text, at):
+    _raises(ParseError, text, r"accumulates into the element it hits", at,
+            x=np.ones(3), y=np.zeros(3))
 
 
 def test_errors_do_not_leak_internal_exceptions():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tullio_py import kernel
+from tullio_py import kernel, tullio
 from tullio_py.ir import Wrapped
 
 from test_grad import finite_difference
@@ -133,6 +133,18 @@ def test_product_gradient_is_exact_with_zeros(zeros):
     printed_match(PROD_ONE, cot, dict(A=A), out)
 
 
+@pytest.mark.parametrize("v", [[2.0, 3.0, 5.0], [2.0, 0.0, 5.0], [0.0, 3.0, 0.0]])
+def test_product_to_a_scalar(v):
+    """Helpers with a scalar result (read as parameters by the gradient statement)."""
+    k = kernel("(*) p := v[i]", fuse=False)
+    v = np.array(v)
+    g = k.vjp(1.5, v=v)
+    vt = torch.tensor(v, requires_grad=True)
+    vt.prod().backward(torch.tensor(1.5, dtype=torch.float64))
+    np.testing.assert_allclose(g["v"], vt.grad.numpy(), rtol=1e-14)
+    printed_match(k, np.array(1.5), dict(v=v), k(v=v))
+
+
 def test_product_with_factors_and_finaliser():
     A, w = _zeros(r(3, 4), (1, 0, 2)), r(4)
     cot = r(3)
@@ -199,3 +211,156 @@ def test_zero_d_parameter_matches_torch():
     st = torch.tensor(s, requires_grad=True)
     (st * torch.tensor(x) @ torch.tensor(w)).backward(torch.tensor(cot))
     np.testing.assert_allclose(g["s"], st.grad.numpy(), rtol=1e-13)
+
+
+# ----------------------------------------------------------------------------- forward mode
+def fd_jvp(f, arrays, tangents, eps=1e-6):
+    """(f(x + eps t) - f(x - eps t)) / 2 eps: the directional derivative along the tangents."""
+    def at(sign):
+        return f(**{n: (a + sign * eps * tangents[n] if n in tangents else a) for n, a in arrays.items()})
+    return (at(1) - at(-1)) / (2 * eps)
+
+
+def run_printed_tangent(k, arrays, tangents, out):
+    """Run k.tangent_equations with tullio() into a zeroed d<out>; inputs without a tangent get
+    zeros (the printed statements name every input's tangent d<input>)."""
+    eq = k.equation
+    ns = {**arrays, **{"d" + n: np.zeros_like(a) for n, a in arrays.items()
+                       if isinstance(a, np.ndarray) and a.dtype.kind in "fc"},
+          **{"d" + n: t for n, t in tangents.items()}, eq.output: out,
+          "d" + eq.output: np.zeros_like(out)}
+    for line in k.tangent_equations:
+        e = kernel(line).equation
+        reads = {n: ns[n] for n in (*e.arrays, *e.params)}
+        if e.assign == ":=":
+            ns[e.output] = tullio(line, **reads)
+        else:
+            tullio(line, **{e.output: ns[e.output]}, **reads)
+    return ns["d" + eq.output]
+
+
+F = torch.nn.functional
+ZA = _zeros(r(3, 4), (0, 1, 2))
+JV = [
+    ("matmul", "C[i,k] := A[i,j] * B[j,k]", {}, dict(A=r(3, 4), B=r(4, 2)), ("A", "B"),
+     lambda A, B: A @ B),
+    ("matmul float32", "C[i,k] := A[i,j] * B[j,k]", {},
+     dict(A=r(3, 4).astype(np.float32), B=r(4, 2).astype(np.float32)), ("A",), None),
+    ("valid convolution", "y[i] := x[i+k] * w[k]", {}, dict(x=r(9), w=r(3)), ("x", "w"),
+     lambda x, w: F.conv1d(x[None, None], w[None, None])[0, 0]),
+    ("replicate padding", "y[i] := x[clamp(i+k-1)] * w[k]", {"ranges": {"i": 7}},
+     dict(x=r(7), w=r(3)), ("x", "w"),
+     lambda x, w: F.conv1d(F.pad(x[None, None], (1, 1), mode="replicate"), w[None, None])[0, 0]),
+    ("full convolution (shifted left side)", "y[i+j] := x[i] * h[j]", {}, dict(x=r(5), h=r(3)),
+     ("x", "h"), None),
+    ("max", "(max) m[i] := A[i,j] * w[j]", {}, dict(A=r(3, 5), w=r(5)), ("A", "w"),
+     lambda A, w: (A * w).amax(1)),
+    ("product with zeros", "(*) p[i] := A[i,j]", {}, dict(A=ZA), ("A",), lambda A: A.prod(1)),
+    ("product to a scalar", "(*) p := v[i]", {}, dict(v=np.array([2.0, 0.0, 5.0, 1.5])), ("v",),
+     lambda v: v.prod()),
+    ("product, finaliser", "(*) p[i] := A[i,j] * w[j] |> tanh", {}, dict(A=ZA, w=r(4)), ("A", "w"),
+     lambda A, w: torch.tanh((A * w).prod(1))),
+    ("log-sum-exp", "lse[i] := exp(A[i,j]) |> log", {}, dict(A=r(3, 4)), ("A",),
+     lambda A: torch.logsumexp(A, 1)),
+    ("norm", "n[i] := A[i,j]**2 |> sqrt", {}, dict(A=r(3, 4)), ("A",),
+     lambda A: torch.linalg.norm(A, dim=1)),
+    ("0-d scale", "y[i] := s * x[i] + t", {}, dict(s=np.array(1.5), t=np.array(0.2), x=r(4)),
+     ("s", "x", "t"), lambda s, t, x: s * x + t),
+    ("gather", "y[n] := x[J[n]] * w[n]", {}, dict(x=r(4), w=r(5), J=np.array([3, 0, 0, 2, 1])),
+     ("x", "w"), None),
+    ("complex", "y[i] := z[i] * conj(z[i]) * w[i] + z[i] * w[i]", {},
+     dict(z=r(3) + 1j * r(3), w=r(3) + 1j * r(3)), ("z", "w"), None),
+]
+
+
+@pytest.mark.parametrize("title,expr,options,arrays,which,torch_fn", JV, ids=[j[0] for j in JV])
+def test_jvp(title, expr, options, arrays, which, torch_fn):
+    k = kernel(expr, fuse=False, **options)
+    out = k(**arrays)
+    tangents = {n: (r(*np.shape(arrays[n])) + (1j * r(*np.shape(arrays[n]))
+                                               if arrays[n].dtype.kind == "c" else 0)
+                    ).astype(arrays[n].dtype) for n in which}
+    t = k.jvp(tangents, **arrays)
+    assert t.dtype == out.dtype and t.shape == out.shape
+    if out.dtype == np.float64 or out.dtype == np.complex128:
+        ref = fd_jvp(k, arrays, tangents)
+        assert np.abs(t - ref).max() <= 1e-6 * max(np.abs(ref).max(), 1e-12), (t, ref)
+    else:
+        np.testing.assert_allclose(t, tangents["A"] @ arrays["B"], rtol=1e-5, atol=1e-5)
+    # one input's tangent alone (the others zero) adds up to the whole
+    first = k.jvp({which[0]: tangents[which[0]]}, **arrays)
+    rest = k.jvp({n: tangents[n] for n in which[1:]}, **arrays)
+    np.testing.assert_allclose(first + rest, t, rtol=1e-12, atol=1e-12)
+    # the printed statements reproduce jvp bit for bit
+    np.testing.assert_array_equal(run_printed_tangent(k, arrays, tangents, out), t)
+    # jvp and vjp are each other's transpose: <jvp(t), c> = sum <t, vjp(c)>
+    cot = r(*out.shape).astype(out.dtype)
+    g = k.vjp(cot, **arrays)
+    lhs = np.real(np.vdot(cot, t))
+    rhs = sum(np.real(np.vdot(g[n], tangents[n])) for n in which)
+    tol = 1e-4 if out.dtype == np.float32 else 1e-10
+    assert abs(lhs - rhs) <= tol * max(abs(lhs), 1.0), (lhs, rhs)
+    if torch_fn is not None:
+        names = [n for n in torch_fn.__code__.co_varnames[:torch_fn.__code__.co_argcount]]
+        primals = tuple(torch.tensor(arrays[n]) for n in names)
+        tans = tuple(torch.tensor(tangents[n]) if n in tangents else torch.zeros_like(p)
+                     for n, p in zip(names, primals))
+        _, want = torch.func.jvp(torch_fn, primals, tans)
+        np.testing.assert_allclose(t, want.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_jvp_of_times_equal_and_in_place_forms():
+    C0, A, dA = r(3), ZA, r(3, 4)
+    k = kernel("C[i] *= A[i,j]", fuse=False)
+    t = k.jvp({"A": dA}, C=C0, A=A)
+
+    def f(A):
+        C = C0.copy()
+        k(C=C, A=A)
+        return C
+    ref = fd_jvp(f, dict(A=A), {"A": dA})
+    np.testing.assert_allclose(t, ref, rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(run_printed_tangent(k, dict(A=A), {"A": dA}, C0), t)
+    # '-=' subtracts; the output's old value is held constant
+    k2 = kernel("y[i] -= x[i,j] * w[j]")
+    x, w, dx = r(3, 4), r(4), r(3, 4)
+    np.testing.assert_allclose(k2.jvp({"x": dx}, y=r(3), x=x, w=w), -(dx @ w), rtol=1e-13)
+    with pytest.raises(Exception, match="does not read"):
+        k2.jvp({"q": dx}, y=r(3), x=x, w=w)
+
+
+def test_tangent_equations_read_well():
+    k = kernel("C[i,k] := A[i,j] * B[j,k]")
+    k.jvp({"A": r(2, 3)}, A=r(2, 3), B=r(3, 4))
+    assert k.tangent_equations == ["dC[i, k] += dA[i, j] * B[j, k]",
+                                   "dC[i, k] += dB[j, k] * A[i, j]"]
+
+
+# ----------------------------------------------------------------------------- second order
+def test_hessian_vector_product_through_gradient_kernels():
+    """The gradient statements as Kernels: their jvp is a Hessian-vector product (against
+    finite differences of the gradient), their vjp its transpose (a symmetric Hessian)."""
+    k = kernel("y[i] := tanh(x[i+k] * w[k])")
+    x, w, cot = r(8), r(3), r(6)
+
+    def grad(x, w):
+        return k.vjp(cot, x=x, w=w)
+    grad(x, w)
+    gk = k.gradient_kernels()
+    assert set(gk) == {"x", "w"} and all(len(v) == 1 for v in gk.values())
+    gx, gw = gk["x"][0], gk["w"][0]
+    names = {"d" + k.equation.output: cot, "x": x, "w": w}
+    vx, vw = r(8), r(3)
+    tx = gx.jvp({"x": vx, "w": vw}, dx=np.zeros(8), **{n: names[n] for n in gx.equation.arrays})
+    tw = gw.jvp({"x": vx, "w": vw}, dw=np.zeros(3), **{n: names[n] for n in gw.equation.arrays})
+    eps = 1e-6
+    gp, gm = grad(x + eps * vx, w + eps * vw), grad(x - eps * vx, w - eps * vw)
+    np.testing.assert_allclose(tx, (gp["x"] - gm["x"]) / (2 * eps), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(tw, (gp["w"] - gm["w"]) / (2 * eps), rtol=1e-6, atol=1e-8)
+    # vjp of the gradient statements: u . (H v) == v . (H u)
+    ux, uw = r(8), r(3)
+    hx = gx.vjp(ux, dx=np.zeros(8), **{n: names[n] for n in gx.equation.arrays})
+    hw = gw.vjp(uw, dw=np.zeros(3), **{n: names[n] for n in gw.equation.arrays})
+    lhs = ux @ tx + uw @ tw
+    rhs = vx @ (hx["x"] + hw["x"]) + vw @ (hx["w"] + hw["w"])
+    assert abs(lhs - rhs) <= 1e-10 * max(abs(lhs), 1.0)

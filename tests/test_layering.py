@@ -12,8 +12,8 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 # Stage of each module: a module may import (at any depth) only modules of a lower stage.
 STAGE = {
     "errors": 0, "cache": 0, "memo": 0, "overlap": 0, "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
-    "grad_sympy": 3.5, "grad": 4, "blas": 4, "blas_shift": 4.5, "codetext": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
-    "gradient_kernel": 9, "explain": 9.5, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
+    "grad_sympy": 3.5, "grad": 4, "tangent": 4.5, "blas": 4, "blas_shift": 4.5, "codetext": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
+    "gradient_kernel": 9, "tangent_kernel": 9.5, "explain": 9.5, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
     "frontends.dask_graph": 11.2, "frontends.dask": 11.5,
     "frontends.torch": 12, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,
 }
@@ -27,6 +27,9 @@ LATE_IMPORTS_ALLOWED = {
     ("kernel", "frontends.dask"): "dask arrays are handed to their frontend, imported only then",
     ("kernel", "gradient_kernel"): "Kernel.vjp delegates to the gradient side, built on first use",
     ("explain", "kernel"): "reads the result dtype rule of the call path",
+    ("kernel", "tangent_kernel"): "Kernel.jvp delegates to the forward-mode side, built on first use",
+    ("tangent_kernel", "kernel"): "gradient statements become Kernels (gradient_kernels), and the "
+                                  "result dtype rule",
     ("jit", "__init__"): "reads __version__ for the cache key",
     ("cache", "__init__"): "reads __version__ for the cache key",
     ("frontends.vjp", "kernel"): "runs vjp through a kernel built for the needed inputs",

@@ -29,7 +29,7 @@ from . import dtypes
 from .codegen import _Render, better, identity_code
 from .codetext import pad_line, rename_plan, user_arg
 from .errors import ArgumentError
-from .ir import Call, Param
+from .ir import Call, Param, Wrapped
 from .schedule import Loop, Plan
 
 # dtypes numba-cuda's atomic add/max/min accept.
@@ -257,7 +257,14 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
         else:
             acc = value
         acc = f"-({acc})" if eq.assign == "-=" else acc
-        out.add(_atomic(red, eq.output, lhs_tuple, f"_T({acc})", dtype))
+        write = _atomic(red, eq.output, lhs_tuple, f"_T({acc})", dtype)
+        # a left-hand pad(...) (the gradient of a padded gather) drops writes outside
+        inside = " and ".join(f"0 <= {i} < {eq.output}.shape[{d}]" for d, (s, i) in
+                              enumerate(zip(eq.lhs.indices, lhs_idx))
+                              if isinstance(s, Wrapped) and s.kind == "pad")
+        if inside:
+            write = f"if {inside}:\n" + "\n".join("    " + ln for ln in write.split("\n"))
+        out.add(write)
         atomic = True
         kernels.append("_tullio_kernel")
         text += signature("_tullio_kernel") + "\n" + out.text()

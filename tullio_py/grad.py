@@ -38,7 +38,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import memo
-from .errors import GradientError
 from .grad_sympy import partials as _partials, times as _times
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, IndexValue, Param, Unary,
                  Wrapped, map_expr, slot_names, walk)

@@ -37,8 +37,13 @@ def _value_only_indices(eq: Equation) -> list[str]:
 
 
 def _pick(eq: Equation, ns: dict, params: dict) -> dict:
-    """The arrays and scalar parameters a statement reads."""
-    return {n: (params[n] if n in params else ns[n]) for n in (*eq.arrays, *eq.params)}
+    """The arrays and scalar parameters a statement reads (a helper's scalar result, a 0-d
+    array, is read as a parameter: it prints, and compiles, without brackets)."""
+    out = {}
+    for n in (*eq.arrays, *eq.params):
+        v = params[n] if n in params else ns[n]
+        out[n] = v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
+    return out
 
 
 @dataclass(frozen=True)

@@ -529,6 +529,28 @@ class Kernel:
     def gradient_code(self) -> str:
         return self._gradient().code("cpu")
 
+    def gradient_kernels(self) -> dict:
+        """{input: [Kernel]} of gradient_equations, to differentiate again (HVPs)."""
+        from .tangent_kernel import gradient_kernels
+        return gradient_kernels(self)
+
+    # ------------------------------------------------------------------ forward mode (tangent_kernel.py)
+    def _tangent(self):
+        t = self.__dict__.get("_tan")
+        if t is None:
+            from .tangent_kernel import Tangent
+            t = self.__dict__["_tan"] = Tangent(self._gradient())
+        return t
+
+    def jvp(self, tangents: dict, **arrays):
+        """The output's tangent for {input: tangent} (a missing input has zero tangent)."""
+        return self._tangent().jvp(tangents, arrays)
+
+    @property
+    def tangent_equations(self) -> list:
+        """[tullio_py statements] reproducing jvp into a zeroed d<out> (bounds of the last call)."""
+        return self._tangent().equations()
+
     def __repr__(self):
         return f"kernel({self.text!r})"
 
