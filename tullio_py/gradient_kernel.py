@@ -156,8 +156,10 @@ class Gradient:
         self._last = (d, rng, st.shapes, params, record)
         return result
 
-    def _state(self, collected: dict, cot: np.ndarray, scalars: dict) -> "_CallState":
-        """What a vjp call with these shapes, dtypes and strides runs (checks included)."""
+    def _state(self, collected: dict, cot: np.ndarray, scalars: dict | None = None) -> "_CallState":
+        """What a vjp call with these shapes, dtypes and strides runs (checks included);
+        `scalars`: the parameters passed as 0-d arrays, which get a gradient too."""
+        scalars = scalars or {}
         k, eq = self.fwd, self.fwd.equation
         shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
         ext = k._extrema(collected)
