@@ -52,7 +52,7 @@ def derive_tangents(eq: Equation, nograd: tuple[str, ...] = (), complex_mode: bo
 
 
 def _derive(eq: Equation, nograd, complex_mode: bool, scalars) -> Tangents:
-    d = derive(eq, nograd, complex_mode, scalars)     # inputs, names (shared with gradients)
+    d = derive(eq, nograd, complex_mode, scalars=scalars)   # inputs, names (as gradients)
     base = Tangents(eq, d.cotangent, d.gradient_names, (), (), (), d.scalars, d.error)
     if d.error:
         return base

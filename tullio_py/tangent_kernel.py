@@ -77,8 +77,7 @@ class Tangent:
         params = self.grad._params(t, rng)
         dout = np.zeros(out_shape, dtype)
         for h in t.helpers:
-            hdt = np.result_type(*[ns[a.array].dtype for a in h.accesses()])
-            ns[h.output] = np.zeros(out_shape, hdt)
+            ns[h.output] = np.zeros(out_shape, self.grad.helper_dtype(h, {**ns, **params}))
             _run(self.grad._kernel(h), _pick(h, ns, params), rng, ns[h.output], params)
         for name, eqs in t.terms:
             if name not in tangents:
