@@ -8,14 +8,10 @@ over 0-d tensors over Python scalars; integer inputs with a float operation give
 dtype), which can differ from numpy's: the numpy result is cast when it does.
 
 Autograd: when grad mode is on and a differentiable input requires grad, the call goes through
-`_Apply` (a `torch.autograd.Function`) whose backward runs the kernel's gradient kernels
-(`Kernel.vjp`) for exactly the inputs in `ctx.needs_input_grad`.  It saves, through
-`ctx.save_for_backward` (so torch's version counters catch in-place changes after the forward),
-only the tensors the gradient equations of the differentiable inputs read; the others are
-replaced in backward by zero-stride placeholders of the right shape, which the gradient
-kernels use only for range inference.  Double backward raises a GradientError (the
-first-order gradients made under create_graph=True carry a node whose backward raises), never
-a silently missing second-order term.
+`torch_autograd.Apply` (a `torch.autograd.Function` with backward, forward-mode and vmap rules,
+so torch.func's transforms compose with it); its backward runs the kernel's gradient kernels
+(`Kernel.vjp`) for exactly the inputs in `ctx.needs_input_grad`, reading only the tensors the
+gradient equations of the differentiable inputs read.
 
 Under `torch.compile` the same computation is two custom ops (`tullio_py::forward`,
 `tullio_py::vjp`, see torch_ops.py) with fake implementations and a registered autograd formula,
@@ -162,9 +158,19 @@ def call(kernel, arrays: dict):
             raise GradientError(f"no gradient for the scalar parameter '{n}' (parameters are "
                                 "runtime constants of the kernel)", eq.text, None,
                                 f"read it as an array instead: {n}[0] with a 1-element tensor")
-    if not (grad_mode and any(arrays[n].requires_grad for n in spec.diff)):
+    if not (grad_mode and any(arrays[n].requires_grad for n in spec.diff)) \
+            and not any(_wrapped(t) for t in tensors.values()):
         return run_forward(spec, [arrays[n] for n in spec.tensors], spec.scalar_values(arrays))
-    return _Apply.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
+    from .torch_autograd import Apply
+    return Apply.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
+
+
+def _wrapped(t: torch.Tensor) -> bool:
+    """Whether t is a torch.func transform's wrapper (vmap's batched tensor, grad's or jvp's
+    tracking tensor) or a forward-mode dual tensor: such a call goes through the autograd
+    Function, whose rules handle it."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t) or \
+        torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
 class Spec:
@@ -251,43 +257,6 @@ def _np_compute_dtype(dt: torch.dtype) -> np.dtype:
     """The numpy dtype a tensor of dtype dt is computed in (no tensor is made: this also runs
     under torch.compile's fake tensors)."""
     return np.dtype(_NUMPY[dt])
-
-
-class _Apply(torch.autograd.Function):
-    """out = kernel(**arrays) as one autograd node; backward = the kernel's vjp."""
-
-    @staticmethod
-    def forward(ctx, spec: Spec, others: dict, *tensors):
-        out = run_forward(spec, tensors, others)
-        values = dict(zip(spec.tensors, tensors))
-        needs = {n for n, t in values.items() if n in spec.diff and t.requires_grad}
-        complex_mode = any(t.is_complex() for t in tensors) or out.is_complex()
-        keep, keep_out = vjp_mod.reads(spec.kernel, needs, complex_mode)
-        keep = [n for n in spec.tensors if n in keep]
-        ctx.spec, ctx.keep, ctx.keep_out = spec, keep, keep_out
-        ctx.shapes = {n: (tuple(t.shape), t.dtype) for n, t in values.items()}
-        ctx.others = others
-        ctx.save_for_backward(*[values[n] for n in keep], *([out] if keep_out else []))
-        if not out.is_floating_point() and not out.is_complex():
-            ctx.mark_non_differentiable(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, gout):
-        saved = ctx.saved_tensors
-        spec = ctx.spec
-        values = dict(zip(ctx.keep, saved))
-        out = saved[-1] if ctx.keep_out else None
-        needs = {n for n, want in zip(spec.tensors, ctx.needs_input_grad[2:])
-                 if want and n in spec.diff}
-        with torch.no_grad():
-            # The output was made C-ordered and the gradient loops are planned for that order;
-            # a cotangent arriving through a permute would otherwise be read with strides.
-            grads = run_backward(spec, ctx.others, values, ctx.shapes, gout.contiguous(), out,
-                                 needs)
-        if torch.is_grad_enabled():         # create_graph=True: make second order fail loudly
-            grads = _no_second_order(spec, grads, [gout, *saved])
-        return (None, None, *grads)
 
 
 def _no_second_order(spec: Spec, grads: list, deps: list) -> list:
