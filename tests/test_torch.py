@@ -184,12 +184,16 @@ def test_complex_gradcheck():
     assert torch.autograd.gradcheck(lambda z, w: k(z=z, w=w), (z, w))
 
 
-def test_parameter_requiring_grad_is_an_error():
+def test_parameter_requiring_grad_gets_its_gradient():
+    """A 0-d tensor read as a scalar parameter is differentiable (tests/test_torch_ad.py checks
+    the values with gradcheck); under no_grad it is a plain constant."""
     x = rand(2, 3)
-    with pytest.raises(GradientError, match="scalar parameter 'c'"):
-        kernel("y[i] := c * x[i,j]")(x=x, c=torch.tensor(2.0, requires_grad=True))
+    c = torch.tensor(2.0, requires_grad=True, dtype=torch.float64)
+    y = kernel("y[i] := c * x[i,j]")(x=x, c=c)
+    y.sum().backward()
+    assert torch.allclose(c.grad, x.detach().sum())
     with torch.no_grad():
-        kernel("y[i] := c * x[i,j]")(x=x, c=torch.tensor(2.0, requires_grad=True))
+        assert kernel("y[i] := c * x[i,j]")(x=x, c=c).grad_fn is None
 
 
 def test_compile_falls_back_where_shapes_depend_on_values():

@@ -134,3 +134,44 @@ def test_forward_ad_dual_tensors():
         out = mm(fwAD.make_dual(a, ta), b)
         tangent = fwAD.unpack_dual(out).tangent
     torch.testing.assert_close(tangent, ta @ b)
+
+
+# ----------------------------------------------------------------------------- 0-d parameters
+SCALED_CONV = kernel("y[i] := s * x[i+a] * w[a] |> sqrt")
+
+
+def test_scalar_parameter_gradcheck():
+    s = torch.tensor(1.5, dtype=F64, requires_grad=True)
+    x = rand(5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda s, x: SCALE(s=s, x=x), (s, x), check_forward_ad=True)
+    y = SCALE(s=s, x=x)
+    (gs,) = torch.autograd.grad((y * torch.arange(5.0, dtype=F64)).sum(), [s])
+    torch.testing.assert_close(gs, (x.detach() * torch.arange(5.0, dtype=F64)).sum())
+
+
+@pytest.mark.parametrize("which", ["s", "sxw"])
+def test_scalar_parameter_with_a_finaliser_gradcheck(which):
+    s = torch.tensor(0.7, dtype=F64)
+    x, w = rand(7).abs() + 0.5, rand(3, seed=3).abs() + 0.5
+    args = [t.requires_grad_(n in which) for n, t in zip("sxw", (s, x, w))]
+    assert torch.autograd.gradcheck(lambda s, x, w: SCALED_CONV(s=s, x=x, w=w), args,
+                                    check_forward_ad=True)
+
+
+def test_scalar_parameter_under_torch_compile():
+    def f(s, x):
+        return (SCALE(s=s, x=x).sin()).sum()
+    s = torch.tensor(1.5, dtype=F64, requires_grad=True)
+    x = rand(5).requires_grad_()
+    r = torch.compile(f, fullgraph=True, backend="aot_eager")(s, x)
+    (gs, gx) = torch.autograd.grad(r, [s, x])
+    ws, wx = torch.autograd.grad((s * x).sin().sum(), [s, x])
+    torch.testing.assert_close(gs, ws)
+    torch.testing.assert_close(gx, wx)
+
+
+def test_per_example_gradient_of_a_scalar_parameter():
+    xs, s = rand(3, 5), torch.tensor(0.3, dtype=F64)
+    got = vmap(grad(lambda s, x: SCALE(s=s, x=x).sin().sum()), in_dims=(None, 0))(s, xs)
+    want = torch.stack([grad(lambda s, x: (s * x).sin().sum())(s, x) for x in xs])
+    torch.testing.assert_close(got, want)

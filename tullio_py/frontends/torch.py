@@ -153,11 +153,6 @@ def call(kernel, arrays: dict):
         return torch_ops.compiled_call(kernel, arrays)
     spec = Spec.of(kernel, arrays)
     grad_mode = torch.is_grad_enabled()
-    for n in eq.params:
-        if grad_mode and isinstance(arrays.get(n), torch.Tensor) and arrays[n].requires_grad:
-            raise GradientError(f"no gradient for the scalar parameter '{n}' (parameters are "
-                                "runtime constants of the kernel)", eq.text, None,
-                                f"read it as an array instead: {n}[0] with a 1-element tensor")
     if not (grad_mode and any(arrays[n].requires_grad for n in spec.diff)) \
             and not any(_wrapped(t) for t in tensors.values()):
         return run_forward(spec, [arrays[n] for n in spec.tensors], spec.scalar_values(arrays))
@@ -188,7 +183,6 @@ class Spec:
         tensors = tuple(n for n, v in arrays.items() if isinstance(v, torch.Tensor))
         others = tuple(n for n in arrays if n not in tensors)
         diff = tuple(n for n in tensors if n not in index_only and n not in nograd
-                     and n not in eq.params
                      and (arrays[n].is_floating_point() or arrays[n].is_complex()))
         return cls(kernel, tensors, others, diff)
 

@@ -46,7 +46,8 @@ def _reads(kernel, needs, complex_mode: bool) -> tuple[set[str], bool]:
     except ImportError:                 # no gradients available: keep everything
         return set(eq.arrays) | set(eq.params), True
     nograd = tuple(sorted({a.array for a in eq.accesses()} - set(needs)))
-    d = grad.derive(eq, nograd, complex_mode)
+    d = grad.derive(eq, nograd, complex_mode,
+                    scalars=tuple(p for p in eq.params if p in needs))
     if d.error:
         return set(eq.arrays) | set(eq.params), True
     made = {h.output for h in d.helpers} | {d.cotangent} | {g for _, g in d.gradient_names}
