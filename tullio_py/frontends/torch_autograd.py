@@ -4,6 +4,9 @@
 form, so torch.func's transforms (grad, vjp, jvp, vmap, jacrev, jacfwd) compose with it:
 
 * backward runs the kernel's gradient kernels (`Kernel.vjp`) inside `Vjp`, itself a Function;
+  when torch asks for a graph of the gradients (create_graph, torch.func.grad), it calls the
+  gradient statements as tullio_py kernels on the tensors instead (`statement_gradients`), so
+  the gradients are differentiable through `Apply` again (double backward, Hessian products);
 * forward mode (`jvp`) runs the kernel's tangent kernels (`Kernel.jvp`) inside `Jvp`;
 * vmap rules never loop in Python: a batched call is the same statement with one more index on
   both sides (`batched_kernel`), compiled once per expression and set of batched names.  The
@@ -11,8 +14,9 @@ form, so torch.func's transforms (grad, vjp, jvp, vmap, jacrev, jacfwd) compose 
   they read (unbatched ones as zero-stride expansions), so per-example gradients of shared
   weights come out per example.
 
-A derivative of `Vjp` or `Jvp` (double backward) raises a GradientError, never a silently
-missing term.
+A derivative of `Vjp` (gradients whose statements cannot be called as `:=` kernels: clamp, mod
+or pad positions on the left) or of `Jvp` (reverse mode over forward mode) raises a
+GradientError, never a silently missing term.
 """
 from __future__ import annotations
 
@@ -110,6 +114,10 @@ class Apply(torch.autograd.Function):
         saved = iter(ctx.saved_tensors)
         tensors = [next(saved) if k else g for k, g in zip(ctx.keep, ctx.ghosts)]
         out = next(saved) if ctx.keep_out else ctx.out_ghost
+        if torch.is_grad_enabled():     # create_graph: gradients that can be differentiated
+            made = statement_gradients(spec, ctx.others, needs, gout, out, tensors)
+            if made is not None:
+                return (None, None, *[made.get(n) for n in spec.tensors])
         # the output was made C-ordered and the gradient loops are planned for that order
         grads = iter(Vjp.apply(spec, ctx.others, needs, ctx.keep_out, gout.contiguous(), out,
                                *tensors))
@@ -137,6 +145,82 @@ class Apply(torch.autograd.Function):
 
 def _ghost(t: torch.Tensor) -> torch.Tensor:
     return t.detach().new_zeros(()).expand(t.shape)
+
+
+# ----------------------------------------------------------------------------- second order
+def statement_gradients(spec, others: dict, needs, gout, out, tensors) -> dict | None:
+    """{input: gradient} computed by calling the kernel's gradient statements as kernels on
+    these tensors, so the gradients are themselves differentiable through `Apply` (double
+    backward, and again).  Each `dX[...] += rhs` runs as `dX[...] := rhs` with the ranges of
+    X's dimensions (a gather on the left scatters into a result padded to X's length);
+    helpers (`:=`) run as they are.  None when a statement writes a form this cannot express
+    (clamp/mod/pad or shifted positions on the left): then the first-order gradients come
+    from `Vjp`, whose derivative raises."""
+    from ..kernel import kernel as make
+    from ..parse import parse
+    kernel = spec.kernel
+    values = dict(zip(spec.tensors, tensors))
+    sub = vjp_mod.subset_kernel(kernel, needs)
+    d, lines = _statements(sub, spec, others, values, gout)
+    env = {**values, **others, kernel.equation.output: out, d.cotangent: gout}
+    opts = {n: getattr(kernel.options, n) for n in ("threads", "target", "fastmath", "blas", "fuse")}
+    names = dict(d.gradient_names)
+    result = {}
+    for n in needs:
+        scope, total = dict(env), None
+        for line in lines.get(n, ()):
+            e = parse(line)
+            args = {a: scope[a] for a in (*e.arrays, *e.params) if a in scope}
+            if e.output != names[n]:                    # a helper
+                scope[e.output] = make(line, **opts)(**args)
+                continue
+            term = _assign(e, values[n], opts, args, make)
+            if term is None:
+                return None
+            total = term if total is None else total + term
+        x = values[n]
+        result[n] = torch.zeros_like(x) if total is None else \
+            total.to(x.dtype).reshape(x.shape)
+    return result
+
+
+def _statements(sub, spec, others: dict, values: dict, gout):
+    """(derivation, {input: [statements]}) for these shapes: the statements print the bounds
+    of the last vjp, so a vjp runs first on zero-stride zeros of the right shapes (index
+    arrays with their values)."""
+    eq = sub.equation
+    index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
+    arrays = {}
+    for n, t in values.items():
+        dt = tf._np_compute_dtype(t.dtype)
+        if n in index_only and not tf._wrapped(t):
+            arrays[n] = tf.to_numpy(t)
+        else:
+            arrays[n] = np.zeros((), dt) if n in eq.params else tf.placeholder(t.shape, dt)
+    with torch.no_grad():
+        sub.vjp(tf.placeholder(gout.shape, tf._np_compute_dtype(gout.dtype)), **arrays,
+                **others)
+    g = sub._gradient()
+    return g._last[0], g.equations()
+
+
+def _assign(e, x, opts: dict, args: dict, make):
+    """`dX[...] += rhs` as a new tensor of X's shape (None when the left side is not plain)."""
+    slots = e.lhs.indices
+    if all(isinstance(s, Affine) and s.is_bare for s in slots):
+        lhs = [s.terms[0][0] for s in slots]
+        if len(set(lhs)) != len(lhs):
+            return None
+        rng = {i: range(x.shape[k]) for k, i in enumerate(lhs)}
+        return make(_define(e), **opts, ranges=rng)(**args)
+    if len(slots) == 1 and isinstance(slots[0], Gather) and not slots[0].offset.terms:
+        r = make(_define(e), **opts)(**args)
+        return torch.nn.functional.pad(r, (0, x.shape[0] - r.shape[0]))
+    return None
+
+
+def _define(e) -> str:
+    return str(type(e)(e.lhs, ":=", e.rhs, e.reduction, e.finaliser))
 
 
 # ----------------------------------------------------------------------------- reverse mode
