@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import memo
-from ..errors import GradientError
+from ..errors import GradientError, TullioError
 from ..ir import Access, Affine, Gather, Param, Wrapped, map_expr
 from . import torch as tf, vjp as vjp_mod
 
@@ -115,7 +115,10 @@ class Apply(torch.autograd.Function):
         tensors = [next(saved) if k else g for k, g in zip(ctx.keep, ctx.ghosts)]
         out = next(saved) if ctx.keep_out else ctx.out_ghost
         if torch.is_grad_enabled():     # create_graph: gradients that can be differentiated
-            made = statement_gradients(spec, ctx.others, needs, gout, out, tensors)
+            try:
+                made = statement_gradients(spec, ctx.others, needs, gout, out, tensors)
+            except TullioError:         # first order still exact below; second order raises
+                made = None
             if made is not None:
                 return (None, None, *[made.get(n) for n in spec.tensors])
         # the output was made C-ordered and the gradient loops are planned for that order
