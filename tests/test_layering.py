@@ -15,7 +15,7 @@ STAGE = {
     "grad_sympy": 3.5, "grad": 4, "tangent": 4.5, "blas": 4, "blas_shift": 4.5, "codetext": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
     "gradient_kernel": 9, "tangent_kernel": 9.5, "explain": 9.5, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
     "frontends.dask_graph": 11.2, "frontends.dask": 11.5,
-    "frontends.torch": 12, "frontends.torch_autograd": 12.5, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,
+    "frontends.torch": 12, "frontends.torch_autograd": 12.5, "frontends.torch_inplace": 12.6, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,
 }
 # Deliberate late (function-level) imports of a later stage, each with its reason.
 LATE_IMPORTS_ALLOWED = {
@@ -36,10 +36,13 @@ LATE_IMPORTS_ALLOWED = {
     ("frontends.vjp", "grad"): "reads which arrays a gradient needs",
     ("frontends.torch", "frontends.torch_ops"): "custom ops for torch.compile, built on first use",
     ("frontends.torch", "frontends.cuda"): "CUDA tensors go to the CUDA frontend",
+    ("frontends.torch", "frontends.torch_inplace"): "differentiable in-place statements, built on "
+                                                     "first use",
     ("frontends.torch", "frontends.torch_autograd"): "the autograd Function, built on first "
                                                       "differentiable call",
 }
-HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_autograd", "frontends.torch_ops",
+HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_autograd", "frontends.torch_inplace",
+                   "frontends.torch_ops",
                    "nn"},
          "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen_cuda"},
          "dask": {"frontends.dask", "frontends.dask_graph"},
@@ -103,6 +106,7 @@ def test_heavy_dependencies_are_imported_at_function_level_only():
     for name, path in modules():
         for target, top_level, external in imports(name, path):
             if external and target in HEAVY and name not in ("frontends.torch", "frontends.torch_autograd",
+                                                                  "frontends.torch_inplace",
                                                                   "frontends.torch_ops"):
                 assert not top_level, f"{name} imports {target} at module level"
 

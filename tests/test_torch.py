@@ -146,8 +146,11 @@ def test_in_place_writes_tensor_memory():
     v = C._version
     assert k(C=C, A=A, B=B) is C
     assert torch.allclose(base.t(), 1 + A @ B, atol=1e-5) and C._version > v
-    with pytest.raises(TullioError, match="in-place"):
-        k(C=C, A=A.requires_grad_(), B=B)
+    with pytest.raises(TullioError, match="in-place"):    # '*=' is not differentiable here
+        kernel("C[i,k] *= A[i,j] * B[j,k]")(C=C, A=A.requires_grad_(), B=B)
+    k(C=C, A=A, B=B)          # '+=' is (tests/test_torch_ad.py checks the gradients)
+    C.sum().backward()
+    assert torch.allclose(A.grad, torch.ones(3, 5) @ B.t(), atol=1e-5)
     with torch.no_grad():                           # e.g. a parameter update
         k(C=C, A=A, B=B)
 

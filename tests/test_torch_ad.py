@@ -244,3 +244,59 @@ def test_hessian_vector_product_matches_torch():
     (g,) = torch.autograd.grad(loss(conv1_ref)(xs, w), [xs], create_graph=True)
     (want,) = torch.autograd.grad(g, [xs], v)
     torch.testing.assert_close(got, want)
+
+
+# ----------------------------------------------------------------------------- in place
+ADD = kernel("y[i] += x[i,j] * w[j]")
+SUB = kernel("y[i] -= x[i,j] * w[j]")
+SET_READ = kernel("y[2i] = x[i] * y[2i+1]")      # '=' reading other elements of its output
+SET_PART = kernel("y[i+1] = x[i] * x[i]")         # '=' writing part of its output
+ON_Y = kernel("C[i] := A[i,j] * y[j]")
+
+
+def _updated(k, y0, **arrays):
+    y = y0 * 1.0                                  # not a leaf: in place is allowed
+    k(y=y, **arrays)
+    return y
+
+
+@pytest.mark.parametrize("op", ["add", "sub"])
+def test_in_place_update_gradcheck(op):
+    k, sign = (ADD, 1.0) if op == "add" else (SUB, -1.0)
+    args = [rand(3).requires_grad_(), rand(3, 4, seed=1).requires_grad_(),
+            rand(4, seed=2).requires_grad_()]
+
+    def f(y0, x, w):
+        return _updated(k, y0, x=x, w=w)
+    torch.testing.assert_close(f(*args), args[0] + sign * args[1] @ args[2])
+    assert torch.autograd.gradcheck(f, args)
+
+
+@pytest.mark.parametrize("which", ["read", "part"])
+def test_in_place_assignment_gradcheck(which):
+    """'=' zeroes the old value's gradient on the elements it writes, except through what the
+    right side reads (checked by finite differences)."""
+    y0, x = rand(6).requires_grad_(), rand(3, seed=3).requires_grad_()
+    want = y0.detach().clone()
+    if which == "read":
+        def f(y0, x):
+            return _updated(SET_READ, y0, x=x)
+        want[0::2] = x.detach() * want[1::2]
+    else:
+        def f(y0, x):
+            return _updated(SET_PART, y0, x=x)
+        want[1:4] = x.detach() ** 2
+    torch.testing.assert_close(f(y0, x), want)
+    assert torch.autograd.gradcheck(f, (y0, x))
+
+
+def test_in_place_follows_torch_rules():
+    x, w = rand(3, 4, seed=1).requires_grad_(), rand(4, seed=2).requires_grad_()
+    leaf = rand(3).requires_grad_()
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        ADD(y=leaf, x=x, w=w)
+    y = rand(4, seed=5).requires_grad_() * 1.0
+    C = ON_Y(A=x, y=y)                            # saves y for its gradient
+    _ = kernel("y[j] += w[j]")(y=y, w=w)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        C.sum().backward()

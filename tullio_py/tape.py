@@ -213,41 +213,7 @@ class Tape:
             self._slots[(index, kernel.equation.output)] = _Slot(saved, False)
 
     def _covered(self, kernel, arrays, out):
-        """Bool mask of the output elements the statement writes (None: all of them)."""
-        eq = kernel.equation
-        o = _as_numpy(out)
-        if not eq.lhs.indices:
-            return None
-        try:
-            rng = kernel.ranges(**{n: _as_numpy(v) if not np.isscalar(v) else v
-                                   for n, v in arrays.items()})
-        except Exception:
-            return None
-        left = list(eq.lhs_indices)
-        grids = {}
-        for k, n in enumerate(left):
-            shape = [1] * len(left)
-            shape[k] = -1
-            grids[n] = np.arange(rng[n].start, rng[n].stop).reshape(shape)
-
-        def value(a: Affine):
-            v = a.const
-            for n, c in a.terms:
-                v = v + c * grids[n]
-            return v
-        pos = []
-        for s in eq.lhs.indices:
-            if isinstance(s, Affine):
-                pos.append(value(s))
-            elif isinstance(s, Gather):
-                J = _as_numpy(arrays[s.array])
-                pos.append(J[tuple(value(a) for a in s.indices)] + value(s.offset))
-            else:
-                return None
-        pos = np.broadcast_arrays(*pos)
-        mask = np.zeros(o.shape, bool)
-        mask[tuple(pos)] = True
-        return mask
+        return covered(kernel, arrays, out)
 
     def _note_write(self, out, index, covered, kernel):
         """Warn when this write overwrites elements an earlier write left unread."""
@@ -346,6 +312,44 @@ class Tape:
         if _is_torch(array):           # torch is loaded: the array is a tensor
             return sys.modules["torch"].from_numpy(np.asarray(g)).to(array.device)
         return g
+
+
+def covered(kernel, arrays, out):
+    """Bool mask of the output elements the statement writes (None: all of them)."""
+    eq = kernel.equation
+    o = _as_numpy(out)
+    if not eq.lhs.indices:
+        return None
+    try:
+        rng = kernel.ranges(**{n: _as_numpy(v) if not np.isscalar(v) else v
+                               for n, v in arrays.items()})
+    except Exception:
+        return None
+    left = list(eq.lhs_indices)
+    grids = {}
+    for k, n in enumerate(left):
+        shape = [1] * len(left)
+        shape[k] = -1
+        grids[n] = np.arange(rng[n].start, rng[n].stop).reshape(shape)
+
+    def value(a: Affine):
+        v = a.const
+        for n, c in a.terms:
+            v = v + c * grids[n]
+        return v
+    pos = []
+    for s in eq.lhs.indices:
+        if isinstance(s, Affine):
+            pos.append(value(s))
+        elif isinstance(s, Gather):
+            J = _as_numpy(arrays[s.array])
+            pos.append(J[tuple(value(a) for a in s.indices)] + value(s.offset))
+        else:
+            return None
+    pos = np.broadcast_arrays(*pos)
+    mask = np.zeros(o.shape, bool)
+    mask[tuple(pos)] = True
+    return mask
 
 
 def _fresh(eq, suffix: str) -> str:

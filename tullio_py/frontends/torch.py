@@ -281,16 +281,23 @@ class _NoSecondOrder(torch.autograd.Function):
 
 # ----------------------------------------------------------------------------- in place
 def _in_place(kernel, arrays: dict, tensors: dict):
-    """`=`, `+=`, ... into a tensor's own memory.  Not differentiable through torch: a
-    recorded in-place statement is the Tape's business."""
+    """`=`, `+=`, ... into a tensor's own memory; with tensors that require grad, `=`, `+=`
+    and `-=` into a float tensor are differentiable (torch_inplace.py), `*=` is an error."""
     eq = kernel.equation
+    out = arrays[eq.output]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()) \
+            and eq.assign != "*=" and isinstance(out, torch.Tensor) and out.dtype not in _HALF \
+            and (out.is_floating_point() or out.is_complex()) \
+            and not out.is_conj() and not out.is_neg():
+        from .torch_inplace import InPlace     # differentiable, with the Tape's semantics
+        spec = Spec.of(kernel, arrays)
+        return InPlace.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
         names = [n for n, t in tensors.items() if t.requires_grad]
         raise ArgumentError(
             f"in-place '{eq.assign}' with tensors that require grad ({', '.join(names)}) is not "
             "differentiable through torch autograd", eq.text, eq.lhs.span,
             "use ':=' to make a new tensor, or run the statement under torch.no_grad()")
-    out = arrays[eq.output]
     np_arrays = {n: (_param(v) if n in eq.params else to_numpy(v))
                  if isinstance(v, torch.Tensor) else v for n, v in arrays.items()}
     direct = isinstance(out, torch.Tensor) and out.dtype not in _HALF \
