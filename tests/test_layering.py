@@ -12,7 +12,10 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 # Stage of each module: a module may import (at any depth) only modules of a lower stage.
 STAGE = {
     "errors": 0, "cache": 0, "memo": 0, "overlap": 0, "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
-    "grad_sympy": 3.5, "grad": 4, "tangent": 4.5, "blas": 4, "blas_shift": 4.5, "codetext": 4.5, "codegen": 5, "codegen_cuda": 6, "fused": 6, "jit": 7, "callpath": 8, "tape": 8,
+    "grad_sympy": 3.5, "grad": 4, "tangent": 4.5, "blas": 4, "blas_shift": 4.5, "codegen.text": 4.5,
+    "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7, "codegen.expr": 4.7,
+    "codegen.nest": 4.8, "codegen.cpu": 5, "codegen.cuda": 5.5, "codegen.fused": 5.5,
+    "codegen.__init__": 6, "codegen": 6, "jit": 7, "callpath": 8, "tape": 8,
     "gradient_kernel": 9, "tangent_kernel": 9.5, "explain": 9.5, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "kernel": 10, "frontends.vjp": 11,
     "frontends.dask_graph": 11.2, "frontends.dask": 11.5,
     "frontends.torch": 12, "frontends.torch_autograd": 12.5, "frontends.torch_inplace": 12.6, "frontends.torch_ops": 13, "nn": 14, "__init__": 15, "__main__": 16,
@@ -44,7 +47,7 @@ LATE_IMPORTS_ALLOWED = {
 HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_autograd", "frontends.torch_inplace",
                    "frontends.torch_ops",
                    "nn"},
-         "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen_cuda"},
+         "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen.cuda"},
          "dask": {"frontends.dask", "frontends.dask_graph"},
          "distributed": {"frontends.dask", "frontends.dask_graph"}}
 

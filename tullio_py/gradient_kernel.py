@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import codegen, fused, grad as grad_mod, jit, memo, ranges as ranges_mod, rewrite, schedule
+from . import codegen, grad as grad_mod, jit, memo, ranges as ranges_mod, rewrite, schedule
+from .codegen import fused
 from .errors import GradientError, RangeError, SummationWarning
 from .frontends.cuda import wants_cuda
 from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)

@@ -295,7 +295,7 @@ _CUDA_LOADED = memo.Memo("jit.cuda_loaded", 256)
 
 
 def load_cuda(source) -> dict:
-    """{kernel name: numba-cuda dispatcher} for a codegen_cuda.CudaSource, cached in memory.
+    """{kernel name: numba-cuda dispatcher} for a codegen.cuda.CudaSource, cached in memory.
     Not written to the disk cache: numba-cuda compiles each dispatcher lazily per signature."""
     key = (source.text, source.fastmath)
     fns = _CUDA_LOADED.get(key)

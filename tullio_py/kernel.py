@@ -494,7 +494,7 @@ class Kernel:
         fake = {n: range(0, 1) for n in work_eq.indices}
         plan = schedule.plan(work_eq, fake, "float64", threads=False, pad_value=self.pad)
         if target == "cuda":
-            from . import codegen_cuda
+            from .codegen import cuda as codegen_cuda
             return jit.cuda_module_text(codegen_cuda.render(plan))
         src = codegen.render(plan)
         return jit.module_text(src, target if target in ("cpu", "python") else "cpu")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import codegen, codegen_cuda, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from .. import codegen, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from ..codegen import cuda as codegen_cuda
 from ..errors import ArgumentError
 
 

@@ -26,10 +26,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from .codegen import SUM_FASTMATH, Source, _Render
-from .codetext import pad_line, rename_plan, user_arg
-from .ir import Access, walk
-from .schedule import Plan, mask_guards, safe_indices, top_factors
+from ..ir import Access, walk
+from ..schedule import Plan, mask_guards, safe_indices, top_factors
+from .emit import Emitter
+from .expr import Expr
+from .nest import Nest, nonneg_indices
+from .source import SUM_FASTMATH, Source
+from .text import pad_line, rename_plan, user_arg
 
 
 def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
@@ -60,7 +63,7 @@ def base_plan(plans: list[Plan]) -> Plan:
 
 def render(plans: list[Plan]) -> Source:
     """One kernel running every statement of `plans` (which must be `fusable`); user names
-    appear renamed (codetext.rename_plan), `args` are the caller's names."""
+    appear renamed (text.rename_plan), `args` are the caller's names."""
     src = _render([rename_plan(p) for p in plans], plans)
     return replace(src, args=tuple(user_arg(a) for a in src.args))
 
@@ -70,18 +73,11 @@ def _render(plans: list[Plan], shown: list[Plan]) -> Source:
     loops = base.loops
     n = len(loops)
     inner = loops[-1].index
-    loop_r = _Render(base)
-    loop_r.body, loop_r.depth, loop_r.opened = [], 1, []
-    loop_r.pos = {l.index: k for k, l in enumerate(loops)}
-    bare = {s.names[0] for p in plans for a in [p.equation.lhs] + p.equation.accesses()
-            for s in a.indices if getattr(s, "is_bare", False)}
-    loop_r.nonneg = {l.index for l in loops if l.index in bare}
+    out = Emitter()
+    nest = Nest(base, out, Expr(base), nonneg_indices(base, [p.equation for p in plans]))
     hoists: dict = {}
-    renders = []
-    for p in plans:
-        r = _Render(p)
-        r.hoists = hoists               # one table: a read shared by two statements is one load
-        renders.append(r)
+    # One table of hoisted reads: a read shared by two statements is one load.
+    renders = [Expr(p, hoists=hoists) for p in plans]
     # Every read is loaded into a local before any store of the iteration: reads that do not
     # depend on the innermost loop once before it, the others at the top of its body (the
     # compiler must assume a store may change any array, so it would repeat a read that comes
@@ -99,7 +95,6 @@ def _render(plans: list[Plan], shown: list[Plan]) -> Source:
                     name = f"_h{len(reads)}"
                     hoists[str(a)] = (name, level, a)
                     reads.append((name, level, a, r))
-    loop_r.hoists = {}
     arrays = [p.equation.output for p in plans]
     arrays += list(dict.fromkeys(a for p in plans for a in p.equation.arrays if a not in arrays))
     params = list(dict.fromkeys(q for p in plans for q in p.equation.params))
@@ -111,10 +106,10 @@ def _render(plans: list[Plan], shown: list[Plan]) -> Source:
              f"_T = _np.{dtype.name}", *filter(None, [pad_line(base)]),
              f"def _tullio_fused({', '.join(arrays + params + bounds)}):"]
     for k in range(n - 1):
-        loop_r.open(k, hoist=False)
+        nest.open(k, hoist=False)
     for name, level, a, r in reads:
         if level == n - 2:
-            loop_r.emit(f"{name} = {r.plain_access(a)}")
+            out.add(f"{name} = {r.plain_access(a)}")
     stores = []
     for k, (p, r) in enumerate(zip(plans, renders)):
         eq = p.equation
@@ -124,20 +119,20 @@ def _render(plans: list[Plan], shown: list[Plan]) -> Source:
         if inner in eq.lhs_indices:
             stores.append((None, f"{lhs} {op} {term}"))
         else:
-            loop_r.emit(f"_acc{k} = _T(0)")
+            out.add(f"_acc{k} = _T(0)")
             stores.append((f"{lhs} {op} _acc{k}", f"_acc{k} += {term}"))
-    level = loop_r.depth
-    loop_r.open(n - 1, hoist=False)
+    level = out.depth
+    nest.open(n - 1, hoist=False)
     for name, lev, a, r in reads:
         if lev == n - 1:
-            loop_r.emit(f"{name} = {r.plain_access(a)}")
+            out.add(f"{name} = {r.plain_access(a)}")
     for _, step in stores:
-        loop_r.emit(step)
-    loop_r.depth = level
+        out.add(step)
+    out.depth = level
     for after, _ in stores:
         if after:
-            loop_r.emit(after)
-    lines += ["    " * d + s for d, s in loop_r.body]
+            out.add(after)
+    lines += out.lines()
     fastmath = base.fastmath or (SUM_FASTMATH if dtype.kind in "fc" else False)
     return Source("\n".join(lines) + "\n", "_tullio_fused", tuple(arrays + params + bounds),
                   any(l.parallel for l in loops), fastmath)

@@ -1,7 +1,7 @@
 """Plan -> numba-cuda kernel source (target "cuda").
 
-Expressions, guards and loop bounds are rendered by the CPU generator (`codegen._Render`); this
-module only decides which indices run on threads and how results are combined:
+Expressions (expr.Expr with the "cuda" math table), guards and loop bounds (bounds.py) are
+rendered by the pieces the CPU renderer uses; this module only decides which indices run on threads and how results are combined:
 
 - "map": no scatter, some left-hand index.  One thread per element of the left-hand indices
   (all of them are thread-safe after the shifted-LHS rewrite); the reduction loops run inside
@@ -25,12 +25,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import dtypes
-from .codegen import _Render, better, identity_code
-from .codetext import pad_line, rename_plan, user_arg
-from .errors import ArgumentError
-from .ir import Call, Param, Wrapped
-from .schedule import Loop, Plan
+from ..errors import ArgumentError
+from ..ir import Wrapped
+from ..schedule import Plan
+from .bounds import loop_bounds, loop_header
+from .cpu import render_renamed
+from .emit import Emitter
+from .expr import STORE, Expr, combine, identity_code
+from .text import pad_line, rename_plan, user_arg
 
 # dtypes numba-cuda's atomic add/max/min accept.
 ATOMIC_DTYPES = ("int32", "int64", "uint32", "uint64", "float32", "float64")
@@ -53,67 +55,6 @@ class CudaSource:
     fastmath: bool
 
 
-class _CudaRender(_Render):
-    """CPU renderer with the CUDA math library (numpy ufuncs do not compile in kernels)."""
-
-    def call_text(self, f: str, args: list[str], arg_dtype=None) -> str:
-        a = args[0]
-        if f in ("max", "min", "relu"):
-            # As np.maximum / np.minimum: a NaN argument is the result.  Written out (a device
-            # function would need a GPU to compile to PTX), so `a` appears twice.
-            op = "<" if f == "min" else ">"
-            return f"({a} if ({a} {op} {args[1]}) | ({a} != {a}) else {args[1]})"
-        if f in ("real", "imag"):
-            return super().call_text(f, args, arg_dtype)
-        mod = "cmath" if arg_dtype is not None and dtypes.kind(arg_dtype) == "c" else "math"
-        if f == "abs":
-            return f"abs({a})"
-        if f == "conj":
-            return f"({a}).conjugate()"
-        if f == "sigmoid":
-            return f"(1.0 / (1.0 + {mod}.exp(-{a})))"
-        if mod == "cmath" and f == "log1p":
-            return f"cmath.log(1 + {a})"
-        if mod == "cmath" and f == "expm1":
-            return f"(cmath.exp({a}) - 1)"
-        return f"{mod}.{'atan' if f == 'arctan' else f}({a})"
-
-    def bounds(self, v: str, outer: set, guards) -> tuple[str, str, list[str]]:
-        """(start, stop, checks) of index v's loop, clipped by the guards as on the CPU."""
-        if hasattr(self, "loop_bounds"):
-            return self.loop_bounds(Loop(v), outer, guards)
-        head, checks = self.loop_header(Loop(v), outer, guards)      # "for v in range(a, b):"
-        inner, depth = head[head.index("range(") + 6:-2], 0
-        for k, ch in enumerate(inner):
-            depth += (ch == "(") - (ch == ")")
-            if ch == "," and depth == 0:
-                return inner[:k].strip(), inner[k + 1:].strip(), checks
-        raise AssertionError(head)
-
-
-class _Lines:
-    def __init__(self):
-        self.body: list[tuple[int, str]] = []
-        self.depth = 1
-
-    def add(self, code: str):
-        """Lines of `code`; a line starting with 4 spaces goes one level deeper."""
-        for ln in code.split("\n"):
-            extra = (len(ln) - len(ln.lstrip(" "))) // 4
-            self.body.append((self.depth + extra, ln.strip()))
-
-    def text(self) -> str:
-        return "\n".join("    " * d + s for d, s in self.body) + "\n"
-
-
-def _combine(red: str, target: str, v: str, dtype) -> str:
-    if red == "+":
-        return f"{target} += {v}"
-    if red == "*":
-        return f"{target} *= {v}"
-    return f"_v = {v}\nif {better(red, '_v', target, dtype)}:\n    {target} = _v"
-
-
 def _atomic(red: str, array: str, index: str, v: str, dtype) -> str:
     """Atomic combine of `v` into array[index].  CUDA's float atomic max/min ignore a NaN
     value, so a NaN is stored plainly instead (and then stays: those atomics leave a NaN
@@ -125,18 +66,18 @@ def _atomic(red: str, array: str, index: str, v: str, dtype) -> str:
 
 
 def render(plan: Plan) -> CudaSource:
-    """The CUDA kernels of `plan`; user names appear renamed (codetext.rename_plan), `args`
-    and `threaded` are the caller's names."""
+    """The CUDA kernels of `plan`; user names appear renamed (text.rename_plan), `args` and
+    `threaded` are the caller's names."""
     src = _render(rename_plan(plan), plan)
     return replace(src, args=tuple(user_arg(a) for a in src.args),
                    threaded=tuple(user_arg(v) for v in src.threaded))
 
 
 def _render(plan: Plan, shown: Plan) -> CudaSource:
-    r = _CudaRender(plan, shown)
+    # The CPU nest with CUDA math: the argument order, and the whole nest for "single".
+    cpu = render_renamed(plan, shown, "cuda")
+    r = Expr(plan, "cuda")               # reads stay in place: registers are the GPU's cache
     eq, dtype = plan.equation, r.dtype
-    cpu = r.render()                     # argument order, and the whole nest for "single"
-    r.hoists = {}                        # reads stay in place: registers are the GPU's cache
     left = [l for l in plan.loops if not l.reduction]
     red_loops = [l for l in plan.loops if l.reduction]
     order = {n: k for k, n in enumerate(eq.lhs_indices)}
@@ -147,7 +88,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
         kind = "map"
     else:
         kind = "scalar" if red_loops else "single"
-    fin = (lambda x: r.expr(Call(eq.finaliser, (Param(x),)))) if eq.finaliser else (lambda x: x)
+    fin = r.result
     ident = identity_code(eq.reducer, dtype)
     header = [f"# {shown.equation}", f"# cuda kind: {kind}", f"_T = _np.{dtype.name}",
               *filter(None, [pad_line(plan)]), f"_DT = _np.dtype('{dtype.name}')"]
@@ -166,10 +107,10 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
     lhs_idx = [r.slot(s, eq.output, d) for d, s in enumerate(eq.lhs.indices)] or ["0"]
     lhs = f"{eq.output}[{', '.join(lhs_idx)}]"
     lhs_tuple = lhs_idx[0] if len(lhs_idx) == 1 else f"({', '.join(lhs_idx)})"
-    out = _Lines()
+    out = Emitter()
     outer: set[str] = set()
 
-    def thread_loops(lines: _Lines):
+    def thread_loops(lines: Emitter):
         if len(threaded) > 3:          # flattened: the last index varies fastest
             for v in threaded:
                 lines.add(f"_n_{v} = max(_stop_{v} - _start_{v}, 0)")
@@ -183,7 +124,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
                 if not last:
                     lines.add(f"_r = _r // _n_{v}")
             for v in threaded:
-                start, stop, checks = r.bounds(v, outer, guards)
+                start, stop, checks = loop_bounds(v, outer, guards)
                 outer.add(v)
                 if (start, stop) != (f"_start_{v}", f"_stop_{v}"):
                     lines.add(f"if not ({start} <= {v} < {stop}):\n    continue")
@@ -192,7 +133,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
             return
         for k, v in enumerate(threaded):
             ax = _AXES[len(threaded) - 1 - k]
-            start, stop, checks = r.bounds(v, outer, guards)
+            start, stop, checks = loop_bounds(v, outer, guards)
             outer.add(v)
             lines.add(f"for {v} in range({start} + cuda.blockIdx.{ax} * cuda.blockDim.{ax} + "
                       f"cuda.threadIdx.{ax}, {stop}, cuda.gridDim.{ax} * cuda.blockDim.{ax}):")
@@ -200,9 +141,9 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
             for c in checks:
                 lines.add(c)
 
-    def inner_loops(lines: _Lines):
+    def inner_loops(lines: Emitter):
         for l in inner:
-            head, checks = r.loop_header(Loop(l.index), outer, guards)
+            head, checks = loop_header(l.index, outer, guards)
             outer.add(l.index)
             lines.add(head)
             lines.depth += 1
@@ -221,12 +162,12 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
             base = out.depth
             out.add(f"_acc = {ident}")
             inner_loops(out)
-            out.add(_combine(eq.reducer, "_acc", value, dtype))
+            out.add(combine(eq.reducer, "_acc", value, dtype, branch=True))
             out.depth = base
             result = fin("_acc")
         else:
             result = value
-        store = {":=": "=", "=": "=", "+=": "+=", "-=": "-=", "*=": "*="}[eq.assign]
+        store = STORE[eq.assign]
         out.add(f"{lhs} {store} {result}")
         kernels.append("_tullio_kernel")
         text += signature("_tullio_kernel") + "\n" + out.text()
@@ -239,7 +180,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
                 f"use target='cpu', or an output of dtype {', '.join(ATOMIC_DTYPES)} with a "
                 "(+), (max) or (min) reduction")
         if eq.assign in (":=", "="):     # every element the statement reaches starts at identity
-            init = _Lines()
+            init = Emitter()
             thread_loops(init)
             inner_loops(init)
             init.add(f"{lhs} = {ident}")
@@ -251,7 +192,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
         if inner:
             out.add(f"_acc = {identity_code(red, dtype)}")
             inner_loops(out)
-            out.add(_combine(red, "_acc", value, dtype))
+            out.add(combine(red, "_acc", value, dtype, branch=True))
             out.depth = base
             acc = "_acc"
         else:
@@ -275,7 +216,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
         out.add(f"_acc = {ident}")
         base = out.depth
         thread_loops(out)
-        out.add(_combine(red, "_acc", value, dtype))
+        out.add(combine(red, "_acc", value, dtype, branch=True))
         out.depth = base
         out.add("_sm = cuda.shared.array(0, _DT)\n"
                 "_tid = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y + "
@@ -284,7 +225,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
                 "_s = (cuda.blockDim.x * cuda.blockDim.y * cuda.blockDim.z) // 2\n"
                 "while _s > 0:\n    if _tid < _s:")
         out.depth += 2
-        out.add(_combine(red, "_sm[_tid]", "_sm[_tid + _s]", dtype))
+        out.add(combine(red, "_sm[_tid]", "_sm[_tid + _s]", dtype, branch=True))
         out.depth -= 1
         out.add("cuda.syncthreads()\n_s //= 2")
         out.depth -= 1
@@ -301,7 +242,7 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
                     "cuda.gridDim.y * cuda.blockIdx.z)] = _sm[0]")
         kernels.append("_tullio_kernel")
         text += signature("_tullio_kernel") + "\n" + out.text()
-        fin_lines = _Lines()
+        fin_lines = Emitter()
         fin_lines.add("if cuda.grid(1) == 0:")
         fin_lines.depth += 1
         if atomic:
@@ -309,9 +250,9 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
         else:
             fin_lines.add(f"_acc = {ident}\nfor _b in range(_red.shape[0]):")
             fin_lines.depth += 1
-            fin_lines.add(_combine(red, "_acc", "_red[_b]", dtype))
+            fin_lines.add(combine(red, "_acc", "_red[_b]", dtype, branch=True))
             fin_lines.depth -= 1
-        store = {":=": "=", "=": "=", "+=": "+=", "-=": "-=", "*=": "*="}[eq.assign]
+        store = STORE[eq.assign]
         fin_lines.add(f"{lhs} {store} {fin('_acc')}")
         kernels.append("_tullio_finish")
         text += signature("_tullio_finish") + "\n" + fin_lines.text()

@@ -20,9 +20,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .ir import Access, Affine, Equation, Gather, IndexValue, Param, Wrapped, map_expr
-from .errors import ArgumentError
-from .schedule import Guard, Linear, Plan
+from ..ir import Access, Affine, Equation, Gather, IndexValue, Param, Wrapped, map_expr
+from ..errors import ArgumentError
+from ..schedule import Guard, Linear, Plan
 
 SUFFIX = "_"
 _WORD = re.compile(r"(?<![\w.])([A-Za-z]\w*)")

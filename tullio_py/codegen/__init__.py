@@ -1,0 +1,18 @@
+"""Plan -> source code.  The renderers are built from the same pieces:
+
+- `text`: user names renamed for generated code, numbers and the pad line;
+- `emit`: lines and their indentation (`Emitter`);
+- `expr`: expressions, per target math table (`Expr`, `MATH`), `combine`, identities;
+- `bounds`: loop bounds clipped by guards (`loop_bounds`);
+- `nest`: opening a plan's loops (`Nest`), hoisted reads;
+- `cpu`: the CPU / python loop nest (`render(plan) -> Source`);
+- `cuda`: numba-cuda kernels (`cuda.render(plan) -> CudaSource`) and their launch shapes;
+- `fused`: several accumulating statements as one loop nest (`fused.render(plans)`).
+"""
+from . import cuda, fused
+from .cpu import render
+from .expr import better, combine, identity_code
+from .source import SUM_FASTMATH, Source, range_argument
+
+__all__ = ["render", "Source", "SUM_FASTMATH", "range_argument", "better", "combine",
+           "identity_code", "cuda", "fused"]

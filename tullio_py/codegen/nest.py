@@ -1,0 +1,117 @@
+"""Opening the loops of a plan, one at a time, into an Emitter: the loop machinery the CPU /
+python renderer and the fused renderer share."""
+from __future__ import annotations
+
+from ..ir import Access, Affine, walk
+from ..schedule import CHUNKS, Plan, mask_guards, top_factors
+from .bounds import loop_bounds, loop_header
+from .emit import Emitter
+from .expr import Expr
+
+
+def nonneg_indices(plan: Plan, equations) -> set[str]:
+    """Loop indices used bare in some array position of `equations`: they start at >= 0 (range
+    inference), and saying so lets the compiler drop negative-index wraparound."""
+    bare = {s.names[0] for eq in equations for a in [eq.lhs] + eq.accesses() for s in a.indices
+            if isinstance(s, Affine) and s.is_bare}
+    return {l.index for l in plan.loops if l.index in bare}
+
+
+def choose_hoists(plan: Plan) -> dict:
+    """Reads that do not depend on the innermost loop are read once, just inside the
+    innermost loop they depend on (numba cannot hoist them: the output may alias them).
+    {read text: (local name, loop level, read)}."""
+    pos = {l.index: k for k, l in enumerate(plan.loops)}
+    last = len(plan.loops) - 1
+    out = {}
+    for f in top_factors(plan.equation.rhs):
+        if mask_guards(f) is not None:
+            continue
+        for n in walk(f):
+            if not isinstance(n, Access) or not n.indices or str(n) in out:
+                continue
+            names = {x for s in n.indices for x in s.names}
+            level = max((pos[x] for x in names), default=-1)
+            if level < last:
+                out[str(n)] = (f"_h{len(out)}", level, n)
+    return out
+
+
+class Nest:
+    """The loops of `plan` opened into `out`; `x` renders the hoisted reads, which are loaded
+    just inside their loop (level -1: before every loop)."""
+
+    def __init__(self, plan: Plan, out: Emitter, x: Expr, nonneg: set[str]):
+        self.plan, self.out, self.x, self.nonneg = plan, out, x, nonneg
+        self.opened: list[str] = []
+
+    def emit_hoists(self, level: int):
+        for name, lev, acc in self.x.hoists.values():
+            if lev == level:
+                self.out.add(f"{name} = {self.x.plain_access(acc)}")
+
+    def open(self, k: int, hoist: bool = True, chunks: bool = True):
+        """Open loop number k of the plan (bounds clipped by its guards); `chunks=False` runs
+        a chunked loop as a plain loop."""
+        plan, out = self.plan, self.out
+        loop = plan.loops[k]
+        chunked = plan.chunked if chunks else None
+        if plan.collapse and k == 0:
+            a, b = plan.collapse
+            out.add(f"_na = max(_stop_{a} - _start_{a}, 0)\n_nb = max(_stop_{b} - _start_{b}, 0)")
+            out.add(f"for _ab in _prange(_na * _nb):")
+            out.depth += 1
+            out.add(f"{a} = _start_{a} + _ab // _nb\n{b} = _start_{b} + _ab % _nb")
+            self.opened += [a, b]
+            if hoist:
+                self.emit_hoists(0)
+                self.emit_hoists(1)
+            return
+        base = ("_clo", "_chi") if chunked == loop.index else None
+        if plan.block and plan.block[0] == loop.index:
+            base = ("_jb", f"min(_jb + {plan.block[1]}, _stop_{loop.index})")
+        if k == len(plan.loops) - 1 and not loop.parallel:
+            # Innermost loop counted from 0: with a start known to be >= 0 the compiler drops
+            # negative-index wraparound and vectorises the loop.
+            start, stop, checks = loop_bounds(loop.index, set(self.opened), list(plan.guards),
+                                              base)
+            v = loop.index
+            if v in self.nonneg:
+                start = f"max({start}, 0)"
+            out.add(f"_first = {start}\nfor _k in range({stop} - _first):\n    {v} = _first + _k")
+        else:
+            head, checks = loop_header(loop.index, set(self.opened), list(plan.guards), base,
+                                       loop.parallel and chunked != loop.index)
+            out.add(head)
+        out.depth += 1
+        self.opened.append(loop.index)
+        for c in checks:
+            out.add(c)
+        if hoist:
+            self.emit_hoists(k)
+
+    def open_range(self, ks, hoist: bool = True, chunks: bool = True):
+        i = 0
+        ks = list(ks)
+        while i < len(ks):
+            self.open(ks[i], hoist=hoist, chunks=chunks)
+            i += 2 if (self.plan.collapse and ks[i] == 0) else 1
+
+    def close_to(self, depth: int, count: int):
+        self.out.depth = depth
+        del self.opened[count:]
+
+    def mark(self) -> tuple[int, int]:
+        """(depth, loops open): where `close_to` returns to."""
+        return self.out.depth, len(self.opened)
+
+    def open_chunks(self, prepare: str = ""):
+        """The outer prange over blocks of the chunked index (block bounds _clo, _chi)."""
+        v, out = self.plan.chunked, self.out
+        out.add(f"_n_c = max(_stop_{v} - _start_{v}, 0)\n_nc = min({CHUNKS}, max(_n_c, 1))")
+        if prepare:
+            out.add(prepare)
+        out.add("for _c in _prange(_nc):")
+        out.depth += 1
+        out.add(f"_clo = _start_{v} + (_n_c * _c) // _nc\n"
+                f"_chi = _start_{v} + (_n_c * (_c + 1)) // _nc")

@@ -1,0 +1,27 @@
+"""What a CPU/python renderer hands to jit: the function's text and how to call it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Source:
+    text: str            # the function definition
+    name: str            # its name
+    args: tuple[str, ...]  # positional arguments, in order
+    parallel: bool
+    fastmath: object     # True, False, or a tuple of LLVM fast-math flags
+
+
+# LLVM fast-math flags of float sums: reassociation (so reductions vectorise), contraction
+# into FMA, no signed zeros -- no NaN/inf assumptions.
+SUM_FASTMATH = ("contract", "nsz", "reassoc")
+
+
+def range_argument(name: str, ranges: dict):
+    """The value of a generated `_start_<v>` / `_stop_<v>` argument; None for other names."""
+    if name.startswith("_start_"):
+        return ranges[name[7:]].start
+    if name.startswith("_stop_"):
+        return ranges[name[6:]].stop
+    return None
