@@ -2,7 +2,8 @@
 
 A guard `lo <= c*v + rest < hi` whose innermost index is v (every other index of it already
 fixed by an outer loop) narrows v's loop instead of testing every v; a guard that is a plain
-condition becomes an `if not (...): continue` check at the top of the loop body.
+condition becomes an `if not (...): continue` check at the top of the loop body.  A guard's
+expr has no constant term (schedule moves it into lo and hi).
 """
 from __future__ import annotations
 
