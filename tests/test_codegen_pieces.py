@@ -81,7 +81,8 @@ def test_call_text_math_module_follows_the_argument_kind():
     assert call_text("cuda", "expm1", ["a"], c128) == "(cmath.exp(a) - 1)"
     assert call_text("cuda", "sigmoid", ["a"], c128) == "(1.0 / (1.0 + cmath.exp(-a)))"
     assert call_text("cpu", "sigmoid", ["a"], f64) == "(1.0 / (1.0 + _np.exp(-a)))"
-    assert call_text("cpu", "real", ["a"], c128) == call_text("cuda", "real", ["a"], c128) == "(a).real"
+    assert call_text("cpu", "real", ["a"], c128) == "(a).real"
+    assert call_text("cuda", "real", ["a"], c128) == "(a).real"
 
 
 def test_combine_and_identities():
@@ -125,7 +126,8 @@ def test_loop_bounds_texts():
     # a guard with an index not yet looped over is applied later, not here
     assert loop_bounds("j", set(), [g]) == ("_start_j", "_stop_j", [])
     # from a block's bounds instead of the range arguments
-    assert loop_bounds("j", {"i"}, [g], ("_clo", "_chi"))[:2] == ("max(_clo, -i)", "min(_chi, n - i)")
+    assert loop_bounds("j", {"i"}, [g], ("_clo", "_chi"))[:2] == ("max(_clo, -i)",
+                                                                  "min(_chi, n - i)")
 
 
 def test_condition_guards_become_checks():

@@ -1,7 +1,8 @@
 """Plan -> numba-cuda kernel source (target "cuda").
 
 Expressions (expr.Expr with the "cuda" math table), guards and loop bounds (bounds.py) are
-rendered by the pieces the CPU renderer uses; this module only decides which indices run on threads and how results are combined:
+rendered by the pieces the CPU renderer uses; this module only decides which indices run on
+threads and how results are combined:
 
 - "map": no scatter, some left-hand index.  One thread per element of the left-hand indices
   (all of them are thread-safe after the shifted-LHS rewrite); the reduction loops run inside
