@@ -1,6 +1,7 @@
 """Measure the constants of blas_shift.py's cost model on this machine (float32).
 
     python benchmarks/blas_shift_costs.py [--threads N]      # default 1
+    python benchmarks/blas_shift_costs.py --validate         # the model's choice vs measured
 
 - PEAK, H, T_CALL: least-squares fit of  t = T_CALL + 2mnk/PEAK * (1 + H/m + H/n + H/k)  to
   np.matmul times over a grid of (m, n, k), weighted by 1/t (relative error);
@@ -20,6 +21,8 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--threads", type=int, default=1)
+parser.add_argument("--validate", action="store_true",
+                    help="instead: time every candidate plan of a few layers against the model")
 args = parser.parse_args()
 for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[v] = str(args.threads)
@@ -101,7 +104,60 @@ def loop_rate(rng):
     return max(rates)
 
 
+def validate():
+    """For conv1d/conv2d forward and gradient statements: every candidate plan (one per set of
+    looped indices, each with its cheapest arrangement) timed, next to the model's cost."""
+    from tullio_py import blas_shift, kernel
+    rng = np.random.default_rng(0)
+    cases = [
+        ("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", {"x": (32, 64, 260), "w": (64, 64, 5)}, None),
+        ("dx[b,c,i+j] += dy[b,o,i] * w[o,c,j]", {"dy": (32, 64, 256), "w": (64, 64, 5)},
+         (32, 64, 260)),
+        ("dw[o,c,j] += dy[b,o,i] * x[b,c,i+j]", {"dy": (32, 64, 256), "x": (32, 64, 260)},
+         (64, 64, 5)),
+        ("y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]",
+         {"x": (16, 32, 34, 34), "w": (64, 32, 3, 3)}, None),
+        ("y[b,h,v,o] := x[b,h+i,v+j,c] * w[i,j,c,o]",
+         {"x": (16, 34, 34, 32), "w": (3, 3, 32, 64)}, None),
+        ("dw[o,c,i,j] += dy[b,o,h,v] * x[b,c,h+i,v+j]",
+         {"dy": (16, 64, 32, 32), "x": (16, 32, 34, 34)}, (64, 32, 3, 3)),
+    ]
+    agree = 0
+    for expr, shapes, out_shape in cases:
+        k = kernel(expr)
+        arrays = {n: rng.random(s, dtype=np.float32) for n, s in shapes.items()}
+        eq = k.equation
+        if out_shape is None:
+            from tullio_py.ranges import output_shape
+            rngs = k.ranges(**arrays)
+            out_shape = tuple(output_shape(eq, rngs))
+        out = np.zeros(out_shape, np.float32)
+        rngs = k.ranges(**arrays, **({eq.output: out} if eq.assign != ":=" else {}))
+        plans = blas_shift.candidates(k._shift, arrays, rngs, out.shape, out.strides, out.dtype)
+        rows = []
+        for p in plans:
+            t = median_time(lambda: blas_shift.run(p, k._shift, arrays, out, False), 5)
+            rows.append((p.cost, t, p))
+        chosen = min(rows, key=lambda r: r[0])
+        fastest = min(rows, key=lambda r: r[1])
+        agree += chosen is fastest
+        print(expr)
+        for cost, t, p in sorted(rows, key=lambda r: r[1]):
+            mark = "*" if r_is(p, chosen[2]) else " "
+            print(f"  {mark} loop over {p.loop or '()'}: model {cost * 1e3:8.3f} ms, "
+                  f"measured {t * 1e3:8.3f} ms")
+        print(f"  chosen/fastest measured: {chosen[1] / fastest[1]:.2f}")
+    print(f"the model picked the fastest plan in {agree} of {len(cases)} cases "
+          f"(load average {os.getloadavg()})")
+
+
+def r_is(a, b):
+    return a is b
+
+
 def main():
+    if args.validate:
+        return validate()
     rng = np.random.default_rng(0)
     t_call, peak, h, err = fit_gemm(rng)
     t_step = step_time(rng) - t_call
