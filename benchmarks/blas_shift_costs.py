@@ -28,7 +28,7 @@ for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_N
     os.environ[v] = str(args.threads)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 
 def median_time(f, n=7):
@@ -48,7 +48,7 @@ def fit_gemm(rng):
             for k in (4, 16, 64, 256):
                 a = rng.random((m, k), dtype=np.float32)
                 b = rng.random((k, n), dtype=np.float32)
-                t = median_time(lambda: np.matmul(a, b), 9)
+                t = median_time(lambda a=a, b=b: np.matmul(a, b), 9)
                 rows.append((1.0, m * n * k, n * k + m * k + m * n))
                 ts.append(t)
     A = np.array(rows) / np.array(ts)[:, None]
@@ -100,7 +100,7 @@ def loop_rate(rng):
              {"x": (8, 32, 34, 34), "w": (32, 32, 3, 3)}, 2 * 8 * 32 * 32 * 32 * 32 * 9)):
         k = kernel(expr, blas=False, threads=args.threads)
         arrays = {n: rng.random(s, dtype=np.float32) for n, s in shapes.items()}
-        rates.append(flops / median_time(lambda: k(**arrays), 5))
+        rates.append(flops / median_time(lambda k=k, arrays=arrays: k(**arrays), 5))
     return max(rates)
 
 
@@ -136,7 +136,8 @@ def validate():
         plans = blas_shift.candidates(k._shift, arrays, rngs, out.shape, out.strides, out.dtype)
         rows = []
         for p in plans:
-            t = median_time(lambda: blas_shift.run(p, k._shift, arrays, out, False), 5)
+            t = median_time(lambda p=p, k=k, arrays=arrays, out=out:
+                           blas_shift.run(p, k._shift, arrays, out, False), 5)
             rows.append((p.cost, t, p))
         chosen = min(rows, key=lambda r: r[0])
         fastest = min(rows, key=lambda r: r[1])

@@ -4,8 +4,7 @@ the call signature."""
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, kernel
-from tullio_py import blas_shift
+from tullio_py import Kernel, blas_shift, kernel
 
 R = np.random.default_rng(7)
 
@@ -40,7 +39,7 @@ def _plan(k: Kernel):
 
 
 def _tol(dtype):
-    return dict(rtol=2e-4, atol=2e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    return {"rtol": 2e-4, "atol": 2e-4} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-10}
 
 
 @pytest.mark.parametrize("case", list(CASES))

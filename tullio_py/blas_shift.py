@@ -26,14 +26,14 @@ with an input, accesses outside the arrays (the loops report those), small work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations, product
+from itertools import combinations, pairwise, product
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .blas import MIN_WORK, _factors
-from .memo import Memo
 from .ir import Access, Affine, Const, Equation, Param
+from .memo import Memo
 from .ranges import affine_bounds, output_shape
 
 # Cost model of one plan (seconds).  One np.matmul gemm of (m, k) x (k, n) takes
@@ -191,7 +191,7 @@ def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
 def _chain(labels, size, stride) -> bool:
     """Whether axes `labels` (outer to inner) merge into one axis without a copy."""
     labels = [n for n in labels if size[n] != 1]
-    return all(stride[a] == stride[b] * size[b] for a, b in zip(labels, labels[1:]))
+    return all(stride[a] == stride[b] * size[b] for a, b in pairwise(labels))
 
 
 def _prod(xs):
@@ -314,10 +314,10 @@ def _cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize)
     for i, mine, first in ((left, ma, True), (right, nb, False)):
         st = strides[i]
         inner = (mine + kk) if first else (kk + mine)
-        if not (_chain(mine, size, st) and _chain(kk, size, st)):   # reshape copies
-            moved += _copy_bytes(labels[i], inner, size, st, itemsize)
-        elif not (_blasable(mine, kk, st, itemsize) if first else
-                  _blasable(kk, mine, st, itemsize)):               # copied to be a matrix
+        views = _chain(mine, size, st) and _chain(kk, size, st)      # else reshape copies
+        matrix = (_blasable(mine, kk, st, itemsize) if first else
+                  _blasable(kk, mine, st, itemsize))                  # else copied for gemm
+        if not (views and matrix):
             moved += _copy_bytes(labels[i], inner, size, st, itemsize)
     res = batch + [n for n in free[left] if n not in ma] + [n for n in free[right]
                                                             if n not in nb] + ma + nb

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import blas as _blas, cache, jit, ranges as ranges_mod
+from . import blas as _blas
+from . import cache, jit
+from . import ranges as ranges_mod
 from .ir import Binary, Call, Compare, Unary, walk
 
 
@@ -72,12 +74,11 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
 
 
 def _dtype(k, collected):
-    from .kernel import result_dtype     # noqa: the dtype rule lives with the call path
+    from .kernel import result_dtype  # the dtype rule lives with the call path
     return result_dtype(k.equation, collected)
 
 
 def _path(k, arrays, rng, out, shape, dtype):
-    eq = k.equation
     if k._blas is not None and _blas.worth(k._blas, rng, arrays):
         return "blas", f"pure contraction over whole arrays: einsum {k._blas.spec}"
     if k._shift is not None:
