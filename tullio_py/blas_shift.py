@@ -41,15 +41,15 @@ from .ranges import affine_bounds, output_shape
 # (small dimensions waste the gemm kernel's blocking); each step of the loop over S costs
 # T_STEP of Python; copies and the accumulation into the output move their bytes at BW, an
 # element of a strided access costing up to a cache line (LINE bytes; the measured PENALTY,
-# how much slower a transposing copy of float32 is, agrees: 10-20).  BLAS is used only
-# when the plan beats the generated loops, taken to run at LOOP_RATE flop/s.
-# Measured by benchmarks/blas_shift_costs.py --threads 1 (float32, OpenBLAS 0.3.31 via
+# how much slower a transposing copy of float32 is, agrees: 10-20); the loops run at
+# LOOP_RATE flop/s.  Measured by benchmarks/blas_shift_costs.py --threads 1 (float32, OpenBLAS 0.3.31 via
 # numpy 2, 2-core machine shared with other jobs, load average 8-11: two runs gave PEAK
 # 1.65-1.68e11, H 2.4-2.9, T_CALL 7.5-7.7e-7, T_STEP 2.4e-6, BW 1.3-1.4e10, PENALTY 10-20,
 # LOOP_RATE 2.4-3.4e9 (conv1d / conv2d loops, blas=False)).  `--validate` timed every
 # candidate of six conv1d/conv2d forward and gradient statements (load average 10): the model
 # picked the fastest in 3 of 6 and was at most 1.48x slower than it (conv2d NHWC forward, dW of
-# conv1d); measured times ran about 2x the model's, uniformly, under that load.
+# conv1d); measured times ran about 2x the model's under that load, so BLAS must beat the
+# loops by MARGIN (a depthwise conv, gemms of 1x5x8192, modelled 1.5 ms, took 7 ms).
 PEAK = 1.65e11
 H = 2.9
 T_CALL = 7.5e-7
@@ -57,6 +57,7 @@ T_STEP = 2.4e-6
 BW = 1.4e10
 LINE = 64       # bytes a strided access moves at most per element (a cache line)
 LOOP_RATE = 3.4e9
+MARGIN = 2.0
 
 
 class Shifted:
@@ -206,7 +207,7 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype):
     plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype)
     best = min(plans, key=lambda p: p.cost, default=None)
     work = _prod(len(rng[n]) for n in sh.eq.indices)
-    if best is None or best.cost > 2.0 * work / LOOP_RATE:
+    if best is None or MARGIN * best.cost > 2.0 * work / LOOP_RATE:
         return None
     return best
 
