@@ -8,7 +8,7 @@ import pytest
 
 from tullio_py import dtypes, rewrite, schedule
 from tullio_py.codegen.bounds import loop_bounds, loop_header
-from tullio_py.codegen.emit import Emitter
+from tullio_py.codegen.emit import Emitter, under
 from tullio_py.codegen.expr import Expr, call_text, combine, identity_code
 from tullio_py.ir import Affine
 from tullio_py.parse import parse
@@ -33,6 +33,14 @@ def test_emitter_indents_by_depth_and_leading_spaces():
                           "                t += 1\n"
                           "    done = 1\n")
     assert out.lines()[-1] == "    done = 1"
+
+
+def test_under_puts_every_line_inside_the_condition():
+    out = Emitter()
+    out.add(under("0 <= i < n", "_v = x\ny = _v if _v > y else y"))
+    out.add("z = 0")
+    assert out.lines() == ["    if 0 <= i < n:", "        _v = x", "        y = _v if _v > y else y",
+                           "    z = 0"]
 
 
 def test_emitter_starts_at_its_depth():

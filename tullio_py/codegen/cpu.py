@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..ir import Wrapped
 from ..schedule import Plan
 from .bounds import loop_bounds
-from .emit import Emitter
-from .expr import STORE, Expr, better, combine, identity_code
+from .emit import Emitter, under
+from .expr import STORE, Expr, better, combine, identity_code, pad_condition
 from .nest import Nest, choose_hoists, nonneg_indices
 from .source import SUM_FASTMATH, Source
 from .text import pad_line, rename_plan, user_arg
@@ -240,12 +239,10 @@ def _scatter(nest: Nest):
     # A left-hand pad(...) position (the gradient of a padded gather) drops the writes that
     # fall outside the output.
     idx = [x.slot(s, eq.output, d) for d, s in enumerate(eq.lhs.indices)]
-    inside = " and ".join(f"0 <= {i} < {eq.output}.shape[{d}]" for d, (s, i) in
-                          enumerate(zip(eq.lhs.indices, idx))
-                          if isinstance(s, Wrapped) and s.kind == "pad")
+    inside = pad_condition(eq.lhs, idx)
     if inside:
         lhs = f"{eq.output}[{', '.join(idx)}]"
-    write = (lambda stmt: out.add(f"if {inside}:\n    {stmt}")) if inside else out.add
+    write = (lambda stmt: out.add(under(inside, stmt))) if inside else out.add
     if assign in (":=", "="):       # the initialisation runs serially over plain loops
         nest.open_range(range(n), hoist=False, chunks=False)
         out.add(f"{lhs} = {ident}")

@@ -27,12 +27,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import ArgumentError
-from ..ir import Wrapped
 from ..schedule import Plan
 from .bounds import loop_bounds, loop_header
 from .cpu import render_renamed
-from .emit import Emitter
-from .expr import STORE, Expr, combine, identity_code
+from .emit import Emitter, under
+from .expr import STORE, Expr, combine, identity_code, pad_condition
 from .text import pad_line, rename_plan, user_arg
 
 # dtypes numba-cuda's atomic add/max/min accept.
@@ -201,11 +200,9 @@ def _render(plan: Plan, shown: Plan) -> CudaSource:
         acc = f"-({acc})" if eq.assign == "-=" else acc
         write = _atomic(red, eq.output, lhs_tuple, f"_T({acc})", dtype)
         # a left-hand pad(...) (the gradient of a padded gather) drops writes outside
-        inside = " and ".join(f"0 <= {i} < {eq.output}.shape[{d}]" for d, (s, i) in
-                              enumerate(zip(eq.lhs.indices, lhs_idx))
-                              if isinstance(s, Wrapped) and s.kind == "pad")
+        inside = pad_condition(eq.lhs, lhs_idx)
         if inside:
-            write = f"if {inside}:\n" + "\n".join("    " + ln for ln in write.split("\n"))
+            write = under(inside, write)
         out.add(write)
         atomic = True
         kernels.append("_tullio_kernel")

@@ -4,6 +4,11 @@ from __future__ import annotations
 INDENT = "    "
 
 
+def under(cond: str, code: str) -> str:
+    """`code` (lines) run only when `cond` holds."""
+    return f"if {cond}:\n" + "\n".join(INDENT + ln for ln in code.split("\n"))
+
+
 class Emitter:
     """Lines at indentation depths.  `add(code)` appends each line of `code` at the current
     `depth`, one level deeper per 4 leading spaces of the line (so a fragment such as

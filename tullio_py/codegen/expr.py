@@ -82,6 +82,14 @@ def identity_code(reducer: str, dtype: np.dtype) -> str:
     return "_T(-_np.inf)" if reducer == "max" else "_T(_np.inf)"
 
 
+def pad_condition(a: Access, idx: list[str]) -> str:
+    """The condition that every pad(...) position of `a` (whose slots render as `idx`) falls
+    inside the array; "" when `a` has none."""
+    return " and ".join(f"0 <= {i} < {a.array}.shape[{d}]" for d, (s, i) in
+                        enumerate(zip(a.indices, idx))
+                        if isinstance(s, Wrapped) and s.kind == "pad")
+
+
 STORE = {":=": "=", "=": "=", "+=": "+=", "-=": "-=", "*=": "*="}
 
 
@@ -116,10 +124,8 @@ class Expr:
             return f"{a.array}[0]"
         idx = [self.slot(s, a.array, d) for d, s in enumerate(a.indices)]
         code = f"{a.array}[{', '.join(idx)}]"
-        pads = [(d, i) for d, (s, i) in enumerate(zip(a.indices, idx))
-                if isinstance(s, Wrapped) and s.kind == "pad"]
-        if pads and str(a) not in self.plan.guarded_reads:
-            cond = " and ".join(f"0 <= {i} < {a.array}.shape[{d}]" for d, i in pads)
+        cond = pad_condition(a, idx)
+        if cond and str(a) not in self.plan.guarded_reads:
             code = f"({code} if {cond} else _pad)"
         return code
 
