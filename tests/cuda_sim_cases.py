@@ -218,23 +218,23 @@ def test_device_arrays_in_device_array_out():
     dA, dB = cuda.to_device(A), cuda.to_device(B)
     C = tullio("C[i,k] := A[i,j] * B[j,k]", A=dA, B=dB)          # target="auto" picks cuda
     assert type(C).__name__ == "FakeCUDAArray"
-    np.testing.assert_allclose(C.copy_to_host(), A @ B, rtol=1e-12)
+    np.testing.assert_allclose(C.copy_to_host(), A @ B, rtol=1e-12, atol=1e-12)
     dC = cuda.to_device(np.ones((4, 5)))
     assert tullio("C[i,k] += A[i,j] * B[j,k]", C=dC, A=dA, B=dB) is dC
-    np.testing.assert_allclose(dC.copy_to_host(), 1 + A @ B, rtol=1e-12)
+    np.testing.assert_allclose(dC.copy_to_host(), 1 + A @ B, rtol=1e-12, atol=1e-12)
     s = tullio("s := A[i,j]", A=dA)
-    np.testing.assert_allclose(np.asarray(s.copy_to_host()).reshape(()), A.sum(), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(s.copy_to_host()).reshape(()), A.sum(), rtol=1e-12, atol=1e-12)
 
 
 def test_device_output_aliasing_an_input_reads_its_snapshot():
     Y = 0.5 + r.random((4, 4))
     dY = cuda.to_device(Y)
     assert tullio("A[i,k] += B[i,j] * C[j,k]", A=dY, B=dY, C=dY) is dY
-    np.testing.assert_allclose(dY.copy_to_host(), Y + Y @ Y, rtol=1e-12)
+    np.testing.assert_allclose(dY.copy_to_host(), Y + Y @ Y, rtol=1e-12, atol=1e-12)
     Z = 0.5 + r.random((8, 4))
     dZ = cuda.to_device(Z)
     tullio("A[i,k] = B[i,j] * C[j,k]", A=dZ[:4], B=dZ[1:5], C=dZ[4:])    # overlapping, disjoint
-    np.testing.assert_allclose(dZ.copy_to_host()[:4], Z[1:5] @ Z[4:], rtol=1e-12)
+    np.testing.assert_allclose(dZ.copy_to_host()[:4], Z[1:5] @ Z[4:], rtol=1e-12, atol=1e-12)
 
 
 def test_auto_with_host_arrays_stays_on_cpu():
