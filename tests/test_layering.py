@@ -11,7 +11,7 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 
 # Stage of each module: a module may import (at any depth) only modules of a lower stage.
 STAGE = {
-    "errors": 0, "cache": 0, "memo": 0, "overlap": 0, "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
+    "errors": 0, "cache": 0, "memo": 0, "overlap": 0, "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3, "bind": 3.5,
     "grad_sympy": 3.5, "grad": 4, "tangent": 4.5, "blas": 4, "blas_shift": 4.5, "codegen.text": 4.5,
     "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7, "codegen.expr": 4.7,
     "codegen.nest": 4.8, "codegen.cpu": 5, "codegen.cuda": 5.5, "codegen.fused": 5.5,

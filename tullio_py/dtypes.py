@@ -5,7 +5,7 @@ numpy array of its dtype: `int8 * int8` is int8 (and wraps), `uint64 * int64` is
 `float32 * 2.5` is float32.  Python scalars (constants, parameters passed as int, float,
 complex or bool, and index values) are weak: they take the other operand's dtype when they
 are of the same kind or lower.  numpy scalars passed as parameters are strong; a 0-d array
-parameter is read as a Python scalar (Kernel._collect), so weak.  Deviations: `-` and `**`
+parameter is read as a Python scalar (bind.collect), so weak.  Deviations: `-` and `**`
 of booleans, which numpy refuses, are int64 (the gradients write sign(a) as
 (a > 0) - (a < 0)); a float function (exp, sqrt, ... and `/`) of integers or bools is float64
 (numpy gives float16 for int8 and float32 for int16; float16 has no compiled loops here).

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import bind as binding
 from . import blas as _blas
 from . import cache, jit
-from . import ranges as ranges_mod
 from .ir import Binary, Call, Compare, Unary, walk
 
 
@@ -49,12 +49,9 @@ class Explanation:
 
 def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     eq = k.equation
-    collected = k._collect(dict(arrays))
-    rng = k.ranges(**arrays)
+    b = binding.bind(eq, k.options, dict(arrays))
+    collected, rng, dtype, shape = b.arrays, b.ranges, b.dtype, b.shape
     out = collected.get(eq.output) if eq.assign != ":=" else None
-    dtype = out.dtype if out is not None else _dtype(k, collected)
-    shape = out.shape if out is not None else tuple(ranges_mod.output_shape(eq, rng,
-                                                                            k._extrema(collected)))
     path, detail = _path(k, collected, rng, out, shape, dtype)
     from . import schedule
     n = schedule.thread_count(k.threads, jit.max_threads())
@@ -71,11 +68,6 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     seconds = _time(k, arrays, repeat)
     peak, bw = limits()
     return Explanation(path, detail, threads, int(flops), int(nbytes), seconds, peak, bw)
-
-
-def _dtype(k, collected):
-    from .kernel import result_dtype  # the dtype rule lives with the call path
-    return result_dtype(k.equation, collected)
 
 
 def _path(k, arrays, rng, out, shape, dtype):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import bind as binding
 from . import codegen, grad as grad_mod, jit, memo, ranges as ranges_mod, rewrite, schedule
 from .codegen import fused
 from .errors import GradientError, RangeError, SummationWarning
@@ -121,7 +122,7 @@ class Gradient:
         call = dict(arrays)
         if eq.assign != ":=":
             call[eq.output] = out_value if out_value is not None else np.zeros(cot.shape, cot.dtype)
-        collected = k._collect(call)
+        collected = binding.collect(eq, call)
         # Everything that depends only on shapes, dtypes and strides is worked out once per
         # call signature (ranges, derivation, kernels, fusion); gathers read index values, so
         # their checks run on every call.
@@ -162,12 +163,8 @@ class Gradient:
         `scalars`: the parameters passed as 0-d arrays, which get a gradient too."""
         scalars = scalars or {}
         k, eq = self.fwd, self.fwd.equation
-        shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
-        ext = k._extrema(collected)
-        rng = ranges_mod.infer(eq, shapes, ext, k.given)
-        ext = k._extrema(collected, rng) if ext else ext     # the index values read
-        k._check_gathers(collected, ext)
-        want = ranges_mod.output_shape(eq, rng, ext) if eq.assign == ":=" else shapes[eq.output]
+        b = binding.bind(eq, k.options, collected)
+        shapes, rng, ext, want = b.shapes, b.ranges, b.read, b.shape
         if cot.shape != tuple(want):
             raise GradientError(f"the cotangent has shape {cot.shape}, but the output "
                                 f"{eq.output} has shape {tuple(want)}", eq.text, eq.lhs.span)
@@ -272,9 +269,8 @@ class Gradient:
         reads, real where complex values reach it only through abs/real/imag (the argmax
         helper of `(max) m[i] := abs(z[i,j])`).  `values`: arrays (host or device) and
         scalars by name."""
-        from .kernel import result_dtype
         dtype = np.result_type(*[np.dtype(values[a.array].dtype) for a in h.accesses()])
-        if dtype.kind == "c" and result_dtype(h, values).kind != "c":
+        if dtype.kind == "c" and binding.result_dtype(h, values).kind != "c":
             return np.finfo(dtype).dtype
         return dtype
 

@@ -14,12 +14,12 @@ import numpy as np
 
 from . import blas as _blas
 from . import blas_shift as _shift
+from . import bind as binding
 from . import callpath, codegen, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, ParseError, RangeError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
-from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, IndexValue,
-                 Param, Unary, walk)
+from .ir import Access, Affine, Binary, Equation, Gather, IndexValue, Unary, walk
 from .parse import parse
 from . import tape as _tape
 
@@ -28,79 +28,6 @@ _KERNELS = memo.Memo("kernel.kernels", 1024)
 
 
 # ----------------------------------------------------------------------------- helpers
-@memo.lru(maxsize=1024)
-def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool, tuple]:
-    """What the result type depends on, from the statement alone: the arrays read (not index
-    arrays), the constants, whether a division or float function makes integers float, and
-    what can make the result complex (below)."""
-    read = tuple(dict.fromkeys(a.array for a in eq.accesses()))
-    consts = tuple(n.value for n in walk(eq.rhs) if isinstance(n, Const))
-    floaty = eq.finaliser in FLOAT_FUNCS or any(
-        (isinstance(n, Binary) and n.op == "/") or (isinstance(n, Call) and n.func in FLOAT_FUNCS)
-        for n in walk(eq.rhs))
-    return read, consts, floaty, _complex_sources(eq.rhs)
-
-
-_REAL_VALUED = ("abs", "real", "imag")     # real results of complex arguments, as in numpy
-
-
-def _complex_sources(e) -> tuple:
-    """(array names, parameter names, constants) whose values reach the right side's value
-    other than through abs/real/imag or a comparison: only these can make the result
-    complex (`abs(z[i])` of a complex z is real)."""
-    arrays, params, consts = {}, {}, []
-
-    def visit(n):
-        if isinstance(n, Access):
-            arrays[n.array] = None
-        elif isinstance(n, Param):
-            params[n.name] = None
-        elif isinstance(n, Const):
-            consts.append(n.value)
-        elif isinstance(n, Call) and n.func in _REAL_VALUED:
-            return
-        elif isinstance(n, Call) and n.func == "where":
-            visit(n.args[1])
-            visit(n.args[2])
-        elif isinstance(n, (Binary, Unary, Call)):
-            for c in ((n.left, n.right) if isinstance(n, Binary) else
-                      (n.operand,) if isinstance(n, Unary) else n.args):
-                visit(c)
-    visit(e)
-    return tuple(arrays), tuple(params), tuple(consts)
-
-
-def result_dtype(eq: Equation, arrays: dict) -> np.dtype:
-    """numpy's result_type of the arrays read (not index arrays), with scalars weak; float when
-    the right side divides or calls a float function on integers; real when complex values
-    reach it only through abs, real, imag (or comparisons)."""
-    read, consts, floaty, (c_arrays, c_params, c_consts) = _dtype_inputs(eq)
-    dts = [arrays[n].dtype for n in read]
-    weak = [_weak(arrays[p]) for p in eq.params] + [_weak(c) for c in consts]
-    if dts:
-        dt = np.result_type(*dts, *weak)
-    else:
-        dt = np.result_type(np.int64, *weak) if weak else np.dtype(np.int64)
-    if dt.kind == "c" and not (any(arrays[n].dtype.kind == "c" for n in c_arrays)
-                               or any(np.result_type(_weak(arrays[p])).kind == "c"
-                                      for p in c_params)
-                               or any(isinstance(c, complex) for c in c_consts)):
-        return np.finfo(dt).dtype
-    if dt.kind in "biu" and floaty:
-        return np.dtype(np.float64)
-    if dt.kind == "b" and eq.reduction_indices:
-        return np.dtype(np.int64)
-    return np.dtype(dt)
-
-
-def _weak(v):
-    if isinstance(v, np.ndarray):
-        v = v.item()
-    if isinstance(v, np.generic):
-        return v.dtype
-    return v
-
-
 def summation_terms(e):
     """Top-level additive terms of an expression."""
     if isinstance(e, Binary) and e.op in "+-":
@@ -175,10 +102,6 @@ class Kernel:
         self._lowered = None
         self._last: Prepared | None = None
         self._calls = callpath.CallCache(self.equation, threads)   # the fast call path
-        lhs = self.equation.lhs.indices
-        bare = [s.names[0] for s in lhs if isinstance(s, Affine) and s.is_bare]
-        self._fill = (len(bare) != len(lhs) or len(set(bare)) != len(bare) or any(
-            schedule.mask_guards(f) is not None for f in schedule.top_factors(self.equation.rhs)))
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
                       if options.blas and target in ("auto", "cpu") and not self.given else None)
@@ -199,116 +122,14 @@ class Kernel:
         for name in [eq.output, *eq.arrays, *eq.params]:
             if name in OPTIONS:
                 raise ArgumentError(f"'{name}' is an option name and cannot name an array or "
-                                    "parameter", expr, _find(expr, name),
+                                    "parameter", expr, binding.find(expr, name),
                                     "rename the array")
-
-    # ------------------------------------------------------------------ checking arrays
-    def _collect(self, arrays: dict) -> dict:
-        eq = self.equation
-        needed = list(eq.arrays) + list(eq.params)
-        if eq.assign != ":=":
-            needed = [eq.output] + needed
-        missing = [n for n in needed if n not in arrays]
-        if missing:
-            raise ArgumentError(f"missing array{'s' if len(missing) > 1 else ''}: "
-                                f"{', '.join(missing)}", eq.text, _find(eq.text, missing[0]),
-                                f"pass {missing[0]}=... as a keyword")
-        extra = [n for n in arrays if n not in needed and n != eq.output]
-        if extra:
-            raise ArgumentError(f"not used by the expression: {', '.join(extra)}", eq.text, None,
-                                f"options are {', '.join(OPTIONS)}")
-        out = {}
-        for n in needed:
-            v = arrays[n]
-            if n in eq.params:
-                if isinstance(v, np.ndarray) and v.ndim == 0:
-                    v = v.item()
-                if not isinstance(v, (int, float, complex, np.number, bool, np.bool_)):
-                    raise ArgumentError(f"'{n}' is used as a scalar parameter but got "
-                                        f"{type(v).__name__}", eq.text, _find(eq.text, n))
-                if isinstance(v, np.generic) and _extended(v.dtype):
-                    raise ArgumentError(f"'{n}' is a {v.dtype} scalar, which the compiled loops "
-                                        "do not support", eq.text, _find(eq.text, n),
-                                        f"pass float({n}) or complex({n})")
-                out[n] = v
-                continue
-            if not isinstance(v, np.ndarray):
-                if hasattr(v, "__array__") or isinstance(v, (list, tuple)):
-                    v = np.asarray(v)
-                elif np.isscalar(v) and n != eq.output:
-                    v = np.asarray(v)
-                else:
-                    raise ArgumentError(f"'{n}' must be an array, got {type(v).__name__}",
-                                        eq.text, _find(eq.text, n))
-            out[n] = v
-        self._check_ranks(out)
-        return out
-
-    def _check_ranks(self, arrays: dict):
-        eq = self.equation
-        for acc in [eq.lhs] + eq.accesses():
-            a = arrays.get(acc.array)
-            if a is None:
-                continue
-            if a.ndim != len(acc.indices):
-                raise ArgumentError(f"'{acc.array}' has {a.ndim} dimension"
-                                    f"{'s' if a.ndim != 1 else ''} but is indexed with "
-                                    f"{len(acc.indices)}", eq.text, acc.span)
-            if a.dtype.kind not in "biufc":
-                raise ArgumentError(f"'{acc.array}' has dtype {a.dtype}: tullio_py needs numbers",
-                                    eq.text, acc.span)
-            if a.dtype == np.float16 or _extended(a.dtype):
-                to = ("float32" if a.dtype == np.float16 else
-                      "complex128" if a.dtype.kind == "c" else "float64")
-                raise ArgumentError(f"'{acc.array}' is {a.dtype}, which the compiled loops do not "
-                                    "support", eq.text, acc.span,
-                                    f"pass {acc.array}.astype(np.{to})")
-            if not a.dtype.isnative:
-                raise ArgumentError(f"'{acc.array}' has non-native byte order ({a.dtype.str})",
-                                    eq.text, acc.span,
-                                    f"pass {acc.array}.astype({acc.array}.dtype.newbyteorder('='))")
-        for g in eq.gathers():
-            J = arrays[g.array]
-            if J.ndim != len(g.indices):
-                raise ArgumentError(f"index array '{g.array}' has {J.ndim} dimensions but is "
-                                    f"indexed with {len(g.indices)}", eq.text, g.span)
-            if J.dtype.kind not in "iu":
-                raise RangeError(f"index array '{g.array}' must hold integers, not {J.dtype}",
-                                 eq.text, g.span, f"convert it with {g.array}.astype(int)")
-        if eq.assign != ":=":
-            out = arrays[eq.output]
-            if not out.flags.writeable:
-                raise ArgumentError(f"output '{eq.output}' is read-only", eq.text, eq.lhs.span)
-
-    def _extrema(self, arrays: dict, rng: dict | None = None) -> dict:
-        """Index arrays' (min, max) over what the loops read (with rng), or over what the text
-        can read (without: range inference uses this over-estimate)."""
-        return ranges_mod.gather_extrema(self.equation, arrays, rng)
-
-    def _check_gathers(self, arrays: dict, ext: dict, raises: bool = True) -> bool:
-        """Gathers without a shift cannot go through range inference: check values directly
-        (ext: the index values the loops read).  With raises=False, only say if they fit."""
-        eq = self.equation
-        for acc in ([eq.lhs] if eq.assign != ":=" else []) + eq.accesses():
-            for d, s in enumerate(acc.indices):
-                if isinstance(s, Gather) and s.array in ext and not s.offset.terms:
-                    lo, hi = ext[s.array][0] + s.offset.const, ext[s.array][1] + s.offset.const
-                    n = arrays[acc.array].shape[d]
-                    if (lo < 0 or hi >= n) and not raises:
-                        return False
-                    if lo < 0 or hi >= n:
-                        raise RangeError(f"index array '{s.array}' holds values {lo}..{hi} (with "
-                                         f"offset) where the loops read it, out of bounds for "
-                                         f"'{acc.array}' which has {n} along dimension {d}",
-                                         eq.text, s.span)
-        return True
 
     def ranges(self, **arrays) -> dict[str, range]:
         """The range of every index for these arrays (what the loops iterate)."""
-        arrays = self._collect(arrays)
-        ext = self._extrema(arrays)
-        return ranges_mod.infer(self.equation, {n: a.shape for n, a in arrays.items()
-                                                if isinstance(a, np.ndarray)}, ext, self.given)
+        arrays = binding.collect(self.equation, arrays)
+        ext = binding.gather_extrema(self.equation, arrays)
+        return ranges_mod.infer(self.equation, binding.shapes_of(arrays), ext, self.given)
 
     # ------------------------------------------------------------------ calling
     def __call__(self, **arrays):
@@ -329,42 +150,31 @@ class Kernel:
             return _cuda.call(self, arrays)
         given = arrays
         eq = self.equation
-        collected = self._collect(arrays)
+        b = binding.bind(eq, self.options, arrays)     # every check of the arrays
+        collected, rng = b.arrays, b.ranges
         arrays = overlap.snapshot_aliases(eq, collected)   # inputs aliasing an in-place output
-        shapes = {n: a.shape for n, a in arrays.items() if isinstance(a, np.ndarray)}
-        ext = self._extrema(arrays)
-        rng = ranges_mod.infer(eq, shapes, ext, self.given)
-        read = self._extrema(arrays, rng) if ext else ext
-        self._check_gathers(arrays, read)       # the index values the loops read
         if self._blas is not None and _blas.worth(self._blas, rng, arrays):
-            return _blas.run(self._blas, eq, arrays, result_dtype(eq, arrays),
+            return _blas.run(self._blas, eq, arrays, b.dtype,
                              None if eq.assign == ":=" else arrays[eq.output])
         if self._shift is not None:
             done = self._shift.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
-                                    result_dtype(eq, arrays), self.pad)
+                                    b.dtype, self.pad)
             if done is not None:
                 return done
         if eq.assign == ":=":
-            dtype = result_dtype(eq, arrays)
-            shape = ranges_mod.output_shape(eq, rng, read)
-            out = np.full(shape, self.pad, dtype) if self._needs_fill() else np.empty(shape, dtype)
+            out = np.full(b.shape, self.pad, b.dtype) if b.fill else np.empty(b.shape, b.dtype)
         else:
             out = arrays[eq.output]
-            dtype = out.dtype
-        if eq.reducer in ("max", "min") and dtype.kind == "c":
-            raise ArgumentError(f"a ({eq.reducer}) reduction needs real values, but the result "
-                                f"type is {dtype} (numpy's result type of the arrays read)",
-                                eq.text, eq.lhs.span,
-                                "write into an existing real array with '=' (e.g. of abs(...))")
+        dtype = b.dtype
         prepared, call_ranges, extra_params = self._prepare(arrays, rng, dtype, out.shape)
         args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
         self._launch(prepared, args)
         self._last = prepared
         # the fast path's key holds `ext`: a call with that key must be safe whatever it reads
-        if read == ext or (self._check_gathers(arrays, ext, raises=False) and not (
-                eq.assign == ":=" and any(isinstance(s, Gather) for s in eq.lhs.indices))):
-            self._calls.remember(self, given, collected, prepared, args, out,
-                                 eq.assign == ":=" and self._needs_fill())
+        if b.read == b.extrema or (binding.check_gathers(eq, arrays, b.extrema, raises=False)
+                                   and not (eq.assign == ":=" and any(
+                                       isinstance(s, Gather) for s in eq.lhs.indices))):
+            self._calls.remember(self, given, collected, prepared, args, out, b.fill)
         return out
 
     def run_with_ranges(self, arrays: dict, rng: dict, out: np.ndarray, params: dict):
@@ -404,11 +214,6 @@ class Kernel:
         jit.call(prepared.fn, args, prepared.source.parallel,
                  schedule.thread_count(self.threads, jit.max_threads()))
 
-    def _needs_fill(self) -> bool:
-        """A new output must be filled first: some elements may not be written (diagonals,
-        constants, shifted or gathered positions, masks on left indices)."""
-        return self._fill
-
     def _prepare(self, arrays, rng, dtype, out_shape):
         plan, key, low = self.plan_for(arrays, rng, dtype, out_shape)
         prepared = self._prepared.get(key)
@@ -445,7 +250,7 @@ class Kernel:
         parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
         # Memory layout of every array (loop order follows it), and sizes (which matter).
-        layouts = {n: _dims_by_stride(a) for n, a in arrays.items() if isinstance(a, np.ndarray)}
+        layouts = {n: binding.dims_by_stride(a) for n, a in arrays.items() if isinstance(a, np.ndarray)}
         sizes = {n: a.size for n, a in arrays.items() if isinstance(a, np.ndarray)}
         sizes[eq.output] = int(np.prod(out_shape))
         for n in list(layouts):
@@ -458,7 +263,7 @@ class Kernel:
         # Every choice of the plan that changes the code (block depends on the sizes).
         key = (self._lowered_text, dtype.str, target, parallel, plan.loops, plan.fixed,
                plan.form, plan.block, plan.chunked, plan.partial, plan.collapse, plan.lanes,
-               tuple((n, a.dtype.str, a.ndim, _layout(a)) if isinstance(a, np.ndarray)
+               tuple((n, a.dtype.str, a.ndim, binding.layout(a)) if isinstance(a, np.ndarray)
                      else (n, type(a).__name__) for n, a in sorted(arrays.items())))
         return plan, key, low
 
@@ -571,34 +376,6 @@ def _covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bo
             if r is None or r.step != 1 or r.start != 0 or r.stop != shape[d]:
                 return False
     return True
-
-
-def _layout(a: np.ndarray):
-    if a.flags.c_contiguous:
-        return "C"
-    return "F" if a.flags.f_contiguous else _dims_by_stride(a)
-
-
-def _dims_by_stride(a: np.ndarray) -> tuple:
-    """Dimensions from the largest stride to the smallest; empty when none is contiguous."""
-    if a.flags.c_contiguous:
-        return tuple(range(a.ndim))
-    if a.flags.f_contiguous:
-        return tuple(range(a.ndim - 1, -1, -1))
-    dims = tuple(sorted(range(a.ndim), key=lambda d: -abs(a.strides[d])))
-    return dims if dims and abs(a.strides[dims[-1]]) == a.itemsize else ()
-
-
-def _extended(dtype: np.dtype) -> bool:
-    """numpy's long double and its complex (80- or 128-bit): numba has no loops for them.
-    Where they are the same as float64/complex128 they are not extended."""
-    return dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f" else 16)
-
-
-def _find(text: str, name: str):
-    import re
-    m = re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text or "")
-    return (m.start(), m.end()) if m else None
 
 
 # ----------------------------------------------------------------------------- public verbs

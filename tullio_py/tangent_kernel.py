@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-from . import ranges as ranges_mod, tangent as tangent_mod
+from . import bind as binding, tangent as tangent_mod
 from .errors import ArgumentError, GradientError, SummationWarning
 from .gradient_kernel import _pick, _run
 
@@ -51,16 +51,8 @@ class Tangent:
         call = dict(arrays)
         if eq.assign != ":=":
             call[eq.output] = out_value
-        collected = k._collect(call)
-        shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
-        ext = k._extrema(collected)
-        k._check_gathers(collected, ext)
-        rng = ranges_mod.infer(eq, shapes, ext, k.given)
-        if eq.assign == ":=":
-            from .kernel import result_dtype
-            out_shape, dtype = ranges_mod.output_shape(eq, rng, ext), result_dtype(eq, collected)
-        else:
-            out_shape, dtype = collected[eq.output].shape, collected[eq.output].dtype
+        b = binding.bind(eq, k.options, call)
+        collected, shapes, rng, out_shape, dtype = b.arrays, b.shapes, b.ranges, b.shape, b.dtype
         values = [collected[n] for n in eq.arrays] + [np.asarray(collected[p]) for p in eq.params]
         complex_mode = any(np.asarray(v).dtype.kind == "c" for v in values)
         t = self.derivation(complex_mode, tuple(scalars))

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import codegen, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from .. import bind as binding
+from .. import codegen, dtypes, jit, memo, overlap, rewrite, schedule
 from ..codegen import cuda as codegen_cuda
 from ..errors import ArgumentError
 
@@ -64,14 +65,6 @@ def _as_numba(v):
 def host_scalar(v):
     """The value of a one-element array in GPU memory, as a numpy scalar of its dtype."""
     return np.asarray(_as_numba(v).copy_to_host()).reshape(())[()]
-
-
-def _ghost(shape, dtype) -> np.ndarray:
-    """A writeable host array of this shape and dtype backed by one element (zero strides): what
-    the CPU-side checks and range inference look at."""
-    dtype = np.dtype(dtype)
-    return np.ndarray(tuple(shape), dtype, buffer=bytearray(max(dtype.itemsize, 1)),
-                      strides=(0,) * len(shape))
 
 
 def _one_d(a):
@@ -124,20 +117,12 @@ def gather_extrema(eq, arrays: dict) -> dict:
 
 
 def check(kernel, shapes_dtypes: dict, params: dict, extrema: dict):
-    """The CPU call's checks on placeholders: (checked arrays, ranges, out dtype, out shape)."""
-    from ..kernel import result_dtype
-    eq = kernel.equation
-    ghosts = {n: _ghost(s, d) for n, (s, d) in shapes_dtypes.items()}
-    checked = kernel._collect({**ghosts, **params})
-    kernel._check_gathers(checked, extrema)
-    shapes = {n: a.shape for n, a in checked.items() if isinstance(a, np.ndarray)}
-    rng = ranges_mod.infer(eq, shapes, extrema, kernel.given)
-    if eq.assign == ":=":
-        dtype = result_dtype(eq, checked)
-        shape = ranges_mod.output_shape(eq, rng, extrema)
-    else:
-        dtype, shape = checked[eq.output].dtype, checked[eq.output].shape
-    return checked, rng, np.dtype(dtype), tuple(shape)
+    """The CPU call's checks (bind.py) on placeholders: (checked arrays, ranges, out dtype,
+    out shape, fill)."""
+    b = binding.bind(kernel.equation, kernel.options,
+                     {**{n: binding.ArrayInfo(s, d) for n, (s, d) in shapes_dtypes.items()},
+                      **params}, extrema)
+    return b.arrays, b.ranges, b.dtype, b.shape, b.fill
 
 
 def arguments(prepared: Prepared, eq, values: dict, call_ranges: dict, extra: dict) -> list:
@@ -186,12 +171,11 @@ def call(kernel, arrays: dict):
         libs = {_library(arrays[n]) for n in on_gpu}
         lib = "torch" if "torch" in libs else "cupy" if "cupy" in libs else "numba"
     extrema = gather_extrema(eq, host if host_mode else dev)
-    checked, rng, dtype, out_shape = check(
+    checked, rng, dtype, out_shape, fill = check(
         kernel, {n: (d.shape, d.dtype) for n, d in dev.items()}, params, extrema)
     ref = arrays[on_gpu[0]] if on_gpu else None
     if eq.assign == ":=":
-        fill = kernel.pad if kernel._needs_fill() else None
-        out, user_out = _alloc(lib, out_shape, dtype, fill, ref)
+        out, user_out = _alloc(lib, out_shape, dtype, kernel.pad if fill else None, ref)
     else:
         out, user_out = dev[eq.output], arrays[eq.output]
     prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)
@@ -299,7 +283,7 @@ def ptx(kernel, arrays: dict, cc=(9, 0)) -> tuple[codegen_cuda.CudaSource, dict]
     params = {n: arrays[n] for n in eq.params if n in arrays}
     host = {n: np.asarray(v) for n, v in arrays.items() if n not in params}
     extrema = gather_extrema(eq, host)
-    checked, rng, dtype, out_shape = check(
+    checked, rng, dtype, out_shape, _ = check(
         kernel, {n: (a.shape, a.dtype) for n, a in host.items()}, params, extrema)
     prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)
     src = prepared.source

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from .. import bind as binding
 from . import cuda as dev_mod
 from ..errors import ArgumentError, GradientError
 
@@ -44,7 +45,7 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
     shapes = {n: (d.shape, d.dtype) for n, d in dev.items() if n != eq.output}
     if eq.assign != ":=":
         shapes[eq.output] = (cot.shape, cot.dtype)
-    checked, rng, _, out_shape = dev_mod.check(k, shapes, params, extrema)
+    checked, rng, _, out_shape, _ = dev_mod.check(k, shapes, params, extrema)
     if out_shape == () and tuple(cot.shape) == (1,):      # a scalar kept as one element
         cot = cot.reshape(())
     if tuple(cot.shape) != tuple(out_shape):
@@ -93,13 +94,13 @@ def _contiguous(v) -> np.ndarray:
 def _run(gk, ns: dict, params: dict, gparams: dict, rng: dict, out, stream):
     """One gradient statement over the given ranges, accumulating into `out`."""
     eq = gk.equation
-    ghosts = {n: dev_mod._ghost(ns[n].shape, ns[n].dtype) for n in eq.arrays if n in ns}
+    ghosts = {n: binding.placeholder(ns[n].shape, ns[n].dtype) for n in eq.arrays if n in ns}
     scalars = {n: (gparams[n] if n in gparams else params[n] if n in params else ns[n])
                for n in eq.params}
     for n, v in scalars.items():        # a scalar helper result (`M_arg` of a (max) M :=)
         if hasattr(v, "copy_to_host"):
             scalars[n] = dev_mod.host_scalar(v)
-    checked = {**ghosts, **scalars, eq.output: dev_mod._ghost(out.shape, out.dtype)}
+    checked = {**ghosts, **scalars, eq.output: binding.placeholder(out.shape, out.dtype)}
     prepared, call_ranges, extra = dev_mod.prepare(gk, checked, rng, np.dtype(out.dtype),
                                                    tuple(out.shape))
     values = {n: dev_mod._one_d(ns[n]) for n in eq.arrays if n in ns}

@@ -30,7 +30,8 @@ import sys
 
 import numpy as np
 
-from .. import ranges as ranges_mod, rewrite, schedule
+from .. import bind as binding
+from .. import rewrite, schedule
 from ..errors import ArgumentError, LoweringError
 from ..ir import (Access, Affine, Binary, Call, Equation, Gather, IndexValue,
                   Param, Wrapped, slot_names, walk)
@@ -46,7 +47,6 @@ def wants(arrays: dict) -> bool:
 def call(k, arrays: dict):
     """Kernel.__call__ with dask arrays: a lazy dask array (in-place forms return the updated
     array as a new dask array; the array passed is not modified)."""
-    from ..kernel import result_dtype
     from ..tape import current
     eq = k.equation
     if current() is not None:
@@ -54,20 +54,9 @@ def call(k, arrays: dict):
                             "record a lazy dask call", eq.text, None,
                             "call the kernel outside `with Tape()`, and Kernel.vjp for gradients")
     collected, values = _inputs(k, arrays)
-    shapes = {n: a.shape for n, a in collected.items() if isinstance(a, np.ndarray)}
-    ext = k._extrema(collected)
-    rng = ranges_mod.infer(eq, shapes, ext, k.given)
-    read = k._extrema(collected, rng) if ext else ext
-    k._check_gathers(collected, read)       # the index values the loops read, checked once
-    if eq.assign == ":=":
-        old, dtype = None, result_dtype(eq, collected)
-        out_shape = ranges_mod.output_shape(eq, rng, read)
-    else:
-        old = values[eq.output]
-        dtype, out_shape = old.dtype, old.shape
-    if eq.reducer in ("max", "min") and dtype.kind == "c":
-        raise ArgumentError(f"a ({eq.reducer}) reduction needs real values, but the result "
-                            f"type is {dtype}", eq.text, eq.lhs.span)
+    b = binding.bind(eq, k.options, collected)    # the index values the loops read, checked once
+    rng, dtype, out_shape = b.ranges, b.dtype, b.shape
+    old = None if eq.assign == ":=" else values[eq.output]
     params = {n: collected[n] for n in eq.params}
     return evaluate(eq, {n: values[n] for n in eq.arrays}, params, rng, tuple(out_shape),
                     np.dtype(dtype), old, _options(k, k.pad))
@@ -160,7 +149,7 @@ def _inputs(k, arrays: dict):
             stand[n], values[n] = _ghost(v), v
         else:
             stand[n], values[n] = v, v
-    collected = k._collect(stand)
+    collected = binding.collect(eq, stand)
     for n, v in collected.items():
         if isinstance(v, np.ndarray) and (values[n] is stand[n] or not isinstance(values[n], da.Array)):
             values[n] = da.asarray(v)

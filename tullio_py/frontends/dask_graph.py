@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import bind as binding
 from .. import ranges as ranges_mod, rewrite, schedule
 from ..ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue,
                   Param, Unary, Wrapped, slot_names)
@@ -254,7 +255,8 @@ class Blocks:
                 elif self.old is not None:
                     init = ("copy", None)
                 else:
-                    init = ("fill" if _kernel(text, options)._fill else "empty", self.opts["pad"])
+                    init = ("fill" if binding.needs_fill(_kernel(text, options).equation) else "empty",
+                            self.opts["pad"])
                 out = (shape, self.dtype.str, init[0], init[1])
                 call, windows = self._call(text, options, o, out)
                 if init[0] == "copy":

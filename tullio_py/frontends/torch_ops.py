@@ -113,7 +113,7 @@ def _forward_fake(key, tensors, scalars):
     shape = ranges_mod.output_shape(eq, rng, {})
     ghosts = {n: (tf.placeholder(shapes[n], tf._np_compute_dtype(t.dtype)) if n not in eq.params
                   else tf._np_compute_dtype(t.dtype).type(0)) for n, t in values.items()}
-    from ..kernel import result_dtype
+    from ..bind import result_dtype
     np_dtype = result_dtype(eq, {**ghosts, **others})
     dtype = tf.torch_result_dtype(k, {**values, **others}, np_dtype)
     return tensors[0].new_empty(shape, dtype=dtype)
