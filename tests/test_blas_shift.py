@@ -48,7 +48,7 @@ def test_forward_matches_loops(case):
     arrays = _arrays(shapes)
     if "alpha" in expr:
         arrays["alpha"] = 1.7
-    k, loops = Kernel(expr), kernel(expr, blas=False)
+    k, loops = Kernel(expr, threads=1), kernel(expr, blas=False)
     got, want = k(**arrays), loops(**arrays)
     assert (_plan(k) is not None) == bool(blas), "the cost model's choice changed"
     assert loops._shift is None
@@ -65,7 +65,7 @@ def test_layouts_and_dtypes(layout, dtype):
     elif layout == "sliced":         # every other sample along i and a channel window
         big = R.standard_normal((6, 19, 260)).astype(dtype)
         arrays["x"] = big[:, 2:18, ::2]
-    k, loops = Kernel(expr), kernel(expr, blas=False)
+    k, loops = Kernel(expr, threads=1), kernel(expr, blas=False)
     got = k(**arrays)
     assert _plan(k) is not None
     np.testing.assert_allclose(got, loops(**arrays), **_tol(dtype))
@@ -79,7 +79,7 @@ def test_in_place(assign):
     expr = f"y[b,o,i] {assign} x[b,c,i+j] * w[o,c,j]"
     arrays = _arrays(CASES["conv1d"][1])
     start = R.standard_normal((6, 24, 130))
-    k, loops = Kernel(expr), kernel(expr, blas=False)
+    k, loops = Kernel(expr, threads=1), kernel(expr, blas=False)
     got, want = start.copy(), start.copy()
     k(y=got, **arrays)
     loops(y=want, **arrays)
@@ -94,7 +94,7 @@ def test_shared_memory_falls_back():
     base = R.standard_normal((6, 24, 140))
     x, y = base[:, :16, :], base[:, :, :130]
     w = R.standard_normal((24, 16, 5))
-    k = Kernel("y[b,o,i] += x[b,c,i+j] * w[o,c,j]")
+    k = Kernel("y[b,o,i] += x[b,c,i+j] * w[o,c,j]", threads=1)
     assert k._shift.call({"x": x, "w": w}, k.ranges(y=y, x=x, w=w), y, y.dtype) is None
 
 
@@ -102,7 +102,7 @@ def test_shared_memory_falls_back():
 def test_gradients_match_loops(case):
     expr, shapes, _ = CASES[case]
     arrays = _arrays(shapes)
-    k, loops = Kernel(expr), kernel(expr, blas=False)
+    k, loops = Kernel(expr, threads=1), kernel(expr, blas=False)
     y = k(**arrays)
     dy = R.standard_normal(y.shape)
     got, want = k.vjp(dy, **arrays), loops.vjp(dy, **arrays)
@@ -116,7 +116,7 @@ def test_gradients_match_loops(case):
 def test_plan_is_a_function_of_the_signature():
     expr, shapes, _ = CASES["conv2d_nchw"]
     arrays = _arrays(shapes)
-    a, b = Kernel(expr), Kernel(expr)
+    a, b = Kernel(expr, threads=1), Kernel(expr, threads=1)
     a(**arrays)
     a(**_arrays(shapes))
     b(**arrays)
@@ -137,7 +137,7 @@ def test_not_dispatched():
 
 
 def test_small_calls_keep_the_loops():
-    k = Kernel("y[i] := x[i+j] * w[j]")
+    k = Kernel("y[i] := x[i+j] * w[j]", threads=1)
     x, w = R.standard_normal(40), R.standard_normal(3)
     np.testing.assert_allclose(k(x=x, w=w), np.convolve(x, w[::-1], "valid"))
     assert _plan(k) is None
@@ -164,7 +164,7 @@ def test_explain_names_the_path_and_counts_the_work():
     expr, shapes, _ = CASES["conv1d"]
     arrays = _arrays(shapes)
     tuples = 6 * 24 * 126 * 16 * 5
-    e = Kernel(expr).explain(**arrays)
+    e = Kernel(expr, threads=1).explain(**arrays)
     assert e.path == "blas_shift" and e.flops == 2 * tuples
     assert e.bytes == sum(a.nbytes for a in arrays.values()) + 6 * 24 * 126 * 8
     assert e.seconds > 0 and e.peak_flops > 0 and e.bandwidth > 0 and e.fraction > 0
@@ -178,12 +178,12 @@ def test_complex_and_diagonal_output_with_pad():
     leaves the pad value elsewhere, as the loops do."""
     expr, shapes, _ = CASES["conv1d"]
     arrays = {n: (R.standard_normal(s) + 1j * R.standard_normal(s)) for n, s in shapes.items()}
-    k = Kernel(expr)
+    k = Kernel(expr, threads=1)
     np.testing.assert_allclose(k(**arrays), kernel(expr, blas=False)(**arrays), rtol=1e-10)
     assert _plan(k) is not None
     diag = "y[o,i,i] := x[c,i] * w[o,c]"
     x, w = R.standard_normal((64, 128)), R.standard_normal((64, 64))
-    k = Kernel(diag, pad=-1.0)
+    k = Kernel(diag, pad=-1.0, threads=1)
     got = k(x=x, w=w)
     np.testing.assert_allclose(got, kernel(diag, pad=-1.0, blas=False)(x=x, w=w), rtol=1e-10)
     assert _plan(k) is not None and (got == -1.0).sum() == 64 * 128 * 127
@@ -195,7 +195,7 @@ def test_new_output_statement_into_a_given_array(case):
     may hold garbage: the covered elements are overwritten, as the loops do."""
     expr, shapes, _ = CASES[case]
     arrays = _arrays(shapes)
-    k = Kernel(expr)
+    k = Kernel(expr, threads=1)
     want = kernel(expr, blas=False)(**arrays)
     rng = k.ranges(**arrays)
     out = np.full(want.shape, np.nan)

@@ -76,19 +76,21 @@ class Shifted:
         self.plans = Memo("blas_shift.plans", 64)   # call signature -> Plan or None
 
     # ------------------------------------------------------------------ per call
-    def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype):
-        """The plan for this call signature, or None (the loops run it)."""
-        key = (tuple((n, r.start, r.stop) for n, r in rng.items()), dtype.str,
+    def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1):
+        """The plan for this call signature, or None (the loops run it).  `loop_threads`: the
+        threads the generated loops would run on (they share the work; BLAS must beat that)."""
+        key = (tuple((n, r.start, r.stop) for n, r in rng.items()), dtype.str, loop_threads,
                tuple(out_shape), tuple(out_strides),
                tuple((arrays[a.array].dtype.str, arrays[a.array].shape, arrays[a.array].strides)
                      for a in self.reads))
         try:
             return self.plans[key]
         except KeyError:
-            p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype)
+            p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype,
+                                          loop_threads)
             return p
 
-    def call(self, arrays: dict, rng: dict, out, dtype, pad=0):
+    def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1):
         """Run through BLAS if the plan says so: the output (new when `out` is None, else
         `out`, updated) or None when the generated loops should run it instead (nothing was
         written).  A `:=` statement given an output (run_with_ranges) overwrites the elements
@@ -100,7 +102,7 @@ class Shifted:
             strides = _c_strides(shape, dtype.itemsize)
         else:
             shape, strides, dtype = out.shape, out.strides, out.dtype
-        p = self.plan(arrays, rng, shape, strides, dtype)
+        p = self.plan(arrays, rng, shape, strides, dtype, loop_threads)
         if p is None:
             return None
         # Without a loop over S each covered element is written once: `:=` and `=` store the
@@ -202,12 +204,15 @@ def _prod(xs):
     return out
 
 
-def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype):
-    """The cheapest plan over every valid S and operand arrangement, or None."""
+def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_threads=1):
+    """The cheapest plan over every valid S and operand arrangement, or None.  LOOP_RATE is
+    one thread's: loops on n threads run about n times faster (bench_suite: the local
+    convolution's loops 2.0x on 2 threads), which the comparison must count, or a statement
+    whose loops scale well is sent to many small gemms that do not."""
     plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype)
     best = min(plans, key=lambda p: p.cost, default=None)
     work = _prod(len(rng[n]) for n in sh.eq.indices)
-    if best is None or MARGIN * best.cost > 2.0 * work / LOOP_RATE:
+    if best is None or MARGIN * best.cost > 2.0 * work / (LOOP_RATE * max(1, loop_threads)):
         return None
     return best
 

@@ -158,7 +158,7 @@ class Kernel:
                              None if eq.assign == ":=" else arrays[eq.output])
         if self._shift is not None:
             done = self._shift.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
-                                    b.dtype, self.pad)
+                                    b.dtype, self.pad, self._loop_threads())
             if done is not None:
                 return done
         if eq.assign == ":=":
@@ -188,7 +188,8 @@ class Kernel:
                 out[...] = res
             return None
         if self._shift is not None:
-            done = self._shift.call({**arrays, **params}, rng, out, out.dtype, self.pad)
+            done = self._shift.call({**arrays, **params}, rng, out, out.dtype, self.pad,
+                                    self._loop_threads())
             if done is not None:
                 if done is not out:     # ':=' makes a new array: its values go into `out`
                     out[...] = done
@@ -203,11 +204,16 @@ class Kernel:
         if self._whole_blas(arrays, rng, out):
             return True
         return (self._shift is not None and out.flags.writeable
-                and self._shift.plan(arrays, rng, out.shape, out.strides, out.dtype) is not None)
+                and self._shift.plan(arrays, rng, out.shape, out.strides, out.dtype,
+                                     self._loop_threads()) is not None)
 
     def _whole_blas(self, arrays: dict, rng: dict, out: np.ndarray) -> bool:
         return (self._blas is not None and _covers_arrays(self.equation, rng, arrays, out)
                 and _blas.worth(self._blas, rng, arrays))
+
+    def _loop_threads(self) -> int:
+        """Threads the generated loops would run on (what BLAS over strided views must beat)."""
+        return schedule.thread_count(self.threads, jit.max_threads()) or jit.max_threads()
 
     def _launch(self, prepared, args):
         """Call the compiled function on the thread count the `threads` option asks for."""
