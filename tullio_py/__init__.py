@@ -7,6 +7,7 @@ from .errors import (ArgumentError, GradientError, LoweringError, OverwriteWarni
                      RangeError, SummationWarning, TullioError)
 from .kernel import Kernel, kernel, tullio
 from .tape import Tape
+from .version import __version__
 from . import cache as _cache, memo as _memo
 
 
@@ -18,7 +19,6 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-__version__ = "0.1.0"
 __all__ = ["Tape", "tullio", "kernel", "Kernel", "TullioError", "ParseError", "RangeError",
            "GradientError", "ArgumentError", "LoweringError", "SummationWarning", "OverwriteWarning",
            "clear_cache"]

@@ -187,7 +187,7 @@ def code_fingerprint() -> str:
     never reads derivations pickled by older code of the same version number."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        from . import __version__
+        from .version import __version__
         here = Path(__file__).parent
         parts = [__version__, sys.version.split()[0]]
         for p in sorted(here.rglob("*.py")):

@@ -23,7 +23,6 @@ from . import bind as binding
 from . import codegen, grad as grad_mod, jit, memo, ranges as ranges_mod, rewrite, schedule
 from .codegen import fused
 from .errors import GradientError, RangeError, SummationWarning
-from .frontends.cuda import wants_cuda
 from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)
 
 
@@ -89,7 +88,6 @@ class Gradient:
         return d
 
     def _kernel(self, eq: Equation):
-        from .kernel import Kernel
         text = str(eq)
         k = self._kernels.get(text)
         if k is None:
@@ -100,17 +98,14 @@ class Gradient:
             lost = {n: 1 for n in _value_only_indices(eq)}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SummationWarning)
-                k = Kernel(text, threads=f.threads, target=f.target, pad=0, fastmath=f.fastmath,
-                           ranges=lost or None, blas=f.options.blas)
+                k = type(f)(text, threads=f.threads, target=f.target, pad=0,
+                            fastmath=f.fastmath, ranges=lost or None, blas=f.options.blas)
             self._kernels[text] = k
         return k
 
     # ------------------------------------------------------------------ vjp
     def vjp(self, cotangent, **arrays) -> dict:
         k, eq = self.fwd, self.fwd.equation
-        if k.target not in ("cpu", "python") and wants_cuda(k, {**arrays, "": cotangent}):
-            from .frontends import cuda_vjp      # arrays in GPU memory: gradients stay there
-            return cuda_vjp.vjp(self, cotangent, dict(arrays))
         cot = np.asarray(cotangent)
         out_value = arrays.pop(eq.output, None)
         if eq.assign == "*=" and out_value is None:

@@ -34,7 +34,7 @@ def module_text(source: Source, target: str) -> str:
 
 def _keyed_text(source: Source, target: str, signature: str) -> str:
     numba = _numba()
-    from . import __version__
+    from .version import __version__
     head = (f"# tullio_py {__version__} kernel for numba {numba.__version__}, python "
             f"{sys.version_info[0]}.{sys.version_info[1]}; target {target}; parallel="
             f"{source.parallel}, fastmath={source.fastmath}, {_NUMBA_OPTIONS}\n"

@@ -15,7 +15,7 @@ import numpy as np
 from . import blas as _blas
 from . import blas_shift as _shift
 from . import bind as binding
-from . import callpath, codegen, dtypes, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from . import callpath, codegen, dtypes, factory, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, ParseError, RangeError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
@@ -329,6 +329,10 @@ class Kernel:
         """{input: gradient of sum(out * cotangent)}; pass the output too to skip recomputing it."""
         if "dask.array" in sys.modules and _dask_frontend().wants({**arrays, "": cotangent}):
             return _dask_frontend().vjp(self, cotangent, arrays)
+        if self.target not in ("cpu", "python") and _cuda.wants_cuda(
+                self, {**arrays, "": cotangent}):
+            from .frontends import cuda_vjp      # arrays in GPU memory: gradients stay there
+            return cuda_vjp.vjp(self._gradient(), cotangent, dict(arrays))
         return self._gradient().vjp(cotangent, **arrays)
 
     @property
@@ -411,6 +415,7 @@ def kernel(expr: str, /, **options) -> Kernel:
 
 
 _DEFAULT = Options()
+factory.register(kernel)
 
 
 def tullio(expr: str, /, **arrays_and_options):

@@ -108,7 +108,7 @@ def _reads(e, name: str) -> bool:
 def gradient_kernels(kernel) -> dict:
     """{input: [Kernel]}: the printed gradient statements (bounds of the last vjp) as Kernels
     with the forward's options, in order; their vjp/jvp differentiate the gradient again."""
-    from .kernel import kernel as make
+    from .factory import kernel as make
     opts = {n: getattr(kernel.options, n) for n in ("threads", "target", "fastmath", "blas", "fuse")}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SummationWarning)

@@ -363,7 +363,7 @@ def _fresh(eq, suffix: str) -> str:
 
 def _derived_kernel(k, eq):
     """A kernel for a statement derived from k's, with k's ranges, pad and threads."""
-    from .kernel import kernel as make
+    from .factory import kernel as make
     options = {o: v for o, v in k.options.as_kwargs().items()
                if o in ("ranges", "pad", "threads") and v is not None}
     with warnings.catch_warnings():

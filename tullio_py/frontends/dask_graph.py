@@ -361,7 +361,7 @@ def combine(reducer, *parts):
 
 # ----------------------------------------------------------------------------- in the task
 def _kernel(text, options):
-    from ..kernel import kernel
+    from ..factory import kernel
     opts = dict(options)
     t = opts.get("threads")
     if isinstance(t, int) and not isinstance(t, bool) and t > 1:

@@ -34,7 +34,7 @@ from . import torch as tf, vjp as vjp_mod
 def batched_kernel(kernel, names: frozenset):
     """The kernel's statement with a new leading index on the left and on every read of the
     arrays (or 0-d parameters) in `names`: the statement vmap asks for, as a compiled Kernel."""
-    from ..kernel import kernel as make
+    from ..factory import kernel as make
     eq = kernel.equation
     taken = set(eq.indices) | set(eq.arrays) | set(eq.params) | {eq.output}
     b = next(n for n in (f"vb{k}" for k in range(len(taken) + 1)) if n not in taken)
@@ -159,7 +159,7 @@ def statement_gradients(spec, others: dict, needs, gout, out, tensors) -> dict |
     helpers (`:=`) run as they are.  None when a statement writes a form this cannot express
     (clamp/mod/pad or shifted positions on the left): then the first-order gradients come
     from `Vjp`, whose derivative raises."""
-    from ..kernel import kernel as make
+    from ..factory import kernel as make
     from ..parse import parse
     kernel = spec.kernel
     values = dict(zip(spec.tensors, tensors))

@@ -73,7 +73,7 @@ def _gathers(slot):
 
 @memo.lru(maxsize=256)
 def _decode(key: str):
-    from ..kernel import kernel as make
+    from ..factory import kernel as make
     d = json.loads(key)
     opts = dict(d["options"])
     if opts.get("ranges"):

@@ -13,7 +13,7 @@ from ..errors import GradientError
 
 def subset_kernel(kernel, needs):
     """The kernel for the same expression whose vjp returns only the gradients in `needs`."""
-    from ..kernel import kernel as make
+    from ..factory import kernel as make
     eq = kernel.equation
     read = {a.array for a in eq.accesses()}
     others = tuple(sorted((read - set(needs)) | set(kernel.options.nograd)))
