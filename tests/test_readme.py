@@ -77,9 +77,12 @@ def test_readme_blocks_run_and_print_what_they_show(monkeypatch):
 
 
 def test_readme_keeps_the_two_setup_commands():
+    """The set-up installs every extra the suite tests (and .ci/run installs the same)."""
     text = README.read_text()
-    assert ('```bash\npip install "torch==2.13.0" -e ".[torch,cuda,test]" && python -m tullio_py '
-            'demo\npython -m pytest\n```') in text
+    assert ('```bash\npip install "torch==2.13.0" -e ".[torch,cuda,dask,test]" && python -m '
+            'tullio_py demo\npython -m pytest\n```') in text
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert '-e ".[test,torch,cuda,dask]"' in ci
 
 
 if __name__ == "__main__":      # print every block's output (to refresh the README by hand)
