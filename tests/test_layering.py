@@ -15,8 +15,8 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 # factory.py, where kernel.py registers itself, or through the Kernel object they are given.
 STAGE = {
     "version": -1, "factory": -1, "errors": 0, "cache": 0, "memo": 0, "overlap": 0,
-    "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3,
-    "bind": 3.5, "grad_sympy": 3.5, "grad": 4, "tangent": 4.5, "blas": 4, "blas_shift": 4.5,
+    "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "schedule": 3, "summation": 2,
+    "bind": 3.5, "grad_sympy": 3.5, "grad": 4, "grad_print": 4.2, "tangent": 4.5, "blas": 4, "blas_shift": 4.5,
     "codegen.text": 4.5, "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7,
     "codegen.expr": 4.7, "codegen.nest": 4.8, "codegen.cpu": 5, "codegen.cuda": 5.5,
     "codegen.fused": 5.5, "codegen.__init__": 6, "codegen": 6, "jit": 7, "callpath": 8,
@@ -145,3 +145,73 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=PKG.parent, check=True).stdout.strip()
     assert out == "", f"import tullio_py loaded {out}"
+
+
+MAX_LINES = 450
+
+
+def test_modules_are_short():
+    long = {name: n for name, path in modules()
+            if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"modules over {MAX_LINES} lines (split them): {long}"
+
+
+def _private(n: str) -> bool:
+    return n.startswith("_") and not n.startswith("__")
+
+
+def _module_names(name: str, tree) -> dict:
+    """Local name -> tullio_py module, for `from . import x [as y]` and `from .. import x`."""
+    package = name.rsplit(".", 1)[0] if "." in name else ""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".") if package else []
+            base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+            mod = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            for a in node.names:
+                if (f"{mod}.{a.name}" if mod else a.name) in STAGE:
+                    out[a.asname or a.name] = f"{mod}.{a.name}" if mod else a.name
+    return out
+
+
+def _class_privates(tree) -> set:
+    """`_names` a module's classes define: private methods and `self._x = ...` attributes."""
+    out = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for n in ast.walk(cls):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(n.name):
+                out.add(n.name)
+            elif (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                  and isinstance(n.value, ast.Name) and n.value.id == "self" and _private(n.attr)):
+                out.add(n.attr)
+    return out
+
+
+def test_no_private_names_across_modules():
+    """No `from .x import _y`, no `x._y` on an imported tullio_py module, and no `obj._y` read
+    where `_y` is a private method or attribute of a class of ANOTHER module (and not of a
+    class of this one).  Not covered: a private name that two modules' classes both define
+    (the read is taken as the module's own), getattr with a string, and names read inside
+    generated code (callpath.py's text)."""
+    trees = {name: ast.parse(path.read_text()) for name, path in modules()}
+    owners = {}
+    for name, tree in trees.items():
+        for attr in _class_privates(tree):
+            owners.setdefault(attr, set()).add(name)
+    found = []
+    for name, tree in trees.items():
+        mods = _module_names(name, tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                found += [f"{name}:{node.lineno} imports {a.name}" for a in node.names
+                          if _private(a.name)]
+            elif isinstance(node, ast.Attribute) and _private(node.attr):
+                base = node.value.id if isinstance(node.value, ast.Name) else None
+                if base in mods:
+                    found.append(f"{name}:{node.lineno} reads {base}.{node.attr}")
+                elif base not in ("self", "cls") and node.attr in owners \
+                        and name not in owners[node.attr]:
+                    found.append(f"{name}:{node.lineno} reads .{node.attr} of "
+                                 f"{', '.join(sorted(owners[node.attr]))}")
+    assert found == [], "private names used across modules:\n" + "\n".join(found)

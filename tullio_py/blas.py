@@ -33,9 +33,9 @@ class Contraction:
     tensordot: tuple | None = None   # (axes, permutation): two operands without a batch index
 
 
-def _factors(e) -> list:
+def factors(e) -> list:
     if isinstance(e, Binary) and e.op == "*":
-        return _factors(e.left) + _factors(e.right)
+        return factors(e.left) + factors(e.right)
     return [e]
 
 
@@ -52,7 +52,7 @@ def contraction(eq: Equation) -> Contraction | None:
     if len(set(left)) != len(left):
         return None
     reads, scale = [], []
-    for f in _factors(eq.rhs):
+    for f in factors(eq.rhs):
         if isinstance(f, Access) and f.indices and all(isinstance(s, Affine) and s.is_bare
                                                        for s in f.indices):
             reads.append(f)

@@ -31,7 +31,7 @@ from itertools import combinations, pairwise, product
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .blas import MIN_WORK, _factors
+from .blas import MIN_WORK, factors
 from .ir import Access, Affine, Const, Equation, Param
 from .memo import Memo
 from .ranges import affine_bounds, output_shape
@@ -126,7 +126,7 @@ def shifted(eq: Equation) -> Shifted | None:
     if not all(isinstance(s, Affine) for s in eq.lhs.indices):
         return None
     reads, scale = [], []
-    for f in _factors(eq.rhs):
+    for f in factors(eq.rhs):
         if isinstance(f, Access) and f.indices and all(isinstance(s, Affine) for s in f.indices):
             reads.append(f)
         elif isinstance(f, Param) or (isinstance(f, Const) and not isinstance(f.value, bool)):

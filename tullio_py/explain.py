@@ -71,12 +71,12 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
 
 
 def _path(k, arrays, rng, out, shape, dtype):
-    if k._blas is not None and _blas.worth(k._blas, rng, arrays):
-        return "blas", f"pure contraction over whole arrays: einsum {k._blas.spec}"
-    if k._shift is not None:
+    if k.blas_plan is not None and _blas.worth(k.blas_plan, rng, arrays):
+        return "blas", f"pure contraction over whole arrays: einsum {k.blas_plan.spec}"
+    if k.shift_plan is not None:
         strides = out.strides if out is not None else tuple(
             np.empty(shape, dtype).strides)
-        p = k._shift.plan(arrays, rng, shape, strides, dtype)
+        p = k.shift_plan.plan(arrays, rng, shape, strides, dtype)
         if p is not None:
             how = (f"loop over {', '.join(p.loop)} ({int(np.prod(p.steps))} steps) of "
                    if p.loop else "one ")

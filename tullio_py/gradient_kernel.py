@@ -20,13 +20,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import bind as binding
-from . import codegen, grad as grad_mod, jit, memo, ranges as ranges_mod, rewrite, schedule
+from . import codegen, grad as grad_mod, grad_print, jit, memo, rewrite, schedule
 from .codegen import fused
-from .errors import GradientError, RangeError, SummationWarning
-from .ir import (Access, Affine, Binary, Compare, Const, Equation, Param, Wrapped, map_expr)
+from .errors import GradientError, SummationWarning
+from .ir import Access, Affine, Compare, Const, Equation, Param, Wrapped
 
 
-def _run(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
+def run_on(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
     """Call Kernel k with the given index ranges (no range inference) into `out`."""
     return k.run_with_ranges(arrays, rng, out, params)
 
@@ -37,7 +37,7 @@ def _value_only_indices(eq: Equation) -> list[str]:
     return [n.name for n in walk(eq.rhs) if isinstance(n, IndexValue) and n.name not in bracketed]
 
 
-def _pick(eq: Equation, ns: dict, params: dict) -> dict:
+def pick(eq: Equation, ns: dict, params: dict) -> dict:
     """The arrays and scalar parameters a statement reads (a helper's scalar result, a 0-d
     array, is read as a parameter: it prints, and compiles, without brackets)."""
     out = {}
@@ -71,6 +71,11 @@ class Gradient:
         self._states = memo.Memo("gradient.states", 32)     # call signature -> _CallState
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
 
+    @property
+    def last(self):
+        """(derivation, ranges, shapes, params, record) of the last vjp call, or None."""
+        return self._last
+
     # ------------------------------------------------------------------ derivation
     def derivation(self, complex_mode: bool = False, real_inputs=(), scalars=()) -> grad_mod.Derivation:
         """The gradient statements; `real_inputs` (complex mode): inputs holding real values,
@@ -87,7 +92,8 @@ class Gradient:
             raise GradientError(d.error, eq.text, None)
         return d
 
-    def _kernel(self, eq: Equation):
+    def kernel_for(self, eq: Equation):
+        """The Kernel running gradient statement `eq` (compiled once per statement)."""
         text = str(eq)
         k = self._kernels.get(text)
         if k is None:
@@ -127,7 +133,7 @@ class Gradient:
             tuple((n, a.dtype.str) for n, a in scalars.items()))
         st = self._states.get(sig)
         if st is None or st.gathers:
-            st = self._state(collected, cot, scalars)
+            st = self.call_state(collected, cot, scalars)
             self._states[sig] = st
         d, rng, params = st.d, st.rng, st.params
         ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}
@@ -139,11 +145,11 @@ class Gradient:
         for h, hk in st.helpers:
             dtype = self.helper_dtype(h, {**ns, **params})
             ns[h.output] = np.zeros(cot.shape, dtype)
-            record[str(h)] = _run(hk, _pick(h, ns, params), rng, ns[h.output], params)
+            record[str(h)] = run_on(hk, pick(h, ns, params), rng, ns[h.output], params)
         result, jobs = {}, []
         for name, dtype, eqs in st.grads:
             result[name] = dx = np.zeros(np.shape(scalars.get(name, collected[name])), dtype)
-            jobs += [(g, gk, _pick(g, ns, params), grng, dx) for g, gk, grng in eqs]
+            jobs += [(g, gk, pick(g, ns, params), grng, dx) for g, gk, grng in eqs]
         self._run_jobs(jobs, params, record, st)
         for name in result:
             x, dx = scalars.get(name, collected[name]), result[name]
@@ -153,7 +159,7 @@ class Gradient:
         self._last = (d, rng, st.shapes, params, record)
         return result
 
-    def _state(self, collected: dict, cot: np.ndarray, scalars: dict | None = None) -> "_CallState":
+    def call_state(self, collected: dict, cot: np.ndarray, scalars: dict | None = None) -> "_CallState":
         """What a vjp call with these shapes, dtypes and strides runs (checks included);
         `scalars`: the parameters passed as 0-d arrays, which get a gradient too."""
         scalars = scalars or {}
@@ -174,14 +180,14 @@ class Gradient:
             if x.dtype.kind not in "fc":
                 continue        # (no statements: the gradient simplified to zero, and is zero)
             dtype = self.gradient_dtype(x.dtype, cot.dtype, complex_mode)
-            grads.append((name, dtype, [(g, self._kernel(g), self._clip_bare(g, rng, x.shape))
+            grads.append((name, dtype, [(g, self.kernel_for(g), self.clip_bare(g, rng, x.shape))
                                         for g in eqs]))
         shapes.update({n: () for n in scalars})
         all_shapes = {**shapes, eq.output: cot.shape, d.cotangent: cot.shape,
                       **{h.output: cot.shape for h in d.helpers},
                       **{dn: shapes[n] for n, dn in d.gradient_names}}
-        return _CallState(d, rng, self._params(d, rng), all_shapes,
-                          self._reads(d, eq.output), [(h, self._kernel(h)) for h in d.helpers],
+        return _CallState(d, rng, self.params_for(d, rng), all_shapes,
+                          self.reads(d, eq.output), [(h, self.kernel_for(h)) for h in d.helpers],
                           grads, bool(eq.gathers()), [])
 
     def _run_jobs(self, jobs: list, params: dict, record: dict, st: "_CallState"):
@@ -193,7 +199,7 @@ class Gradient:
         for step in st.steps:
             if step[0] == "own":
                 g, gk, arrays, grng, out = jobs[step[1]]
-                record[step[2]] = _run(gk, arrays, grng, out, params)
+                record[step[2]] = run_on(gk, arrays, grng, out, params)
                 continue
             _, members, fn, source, bound, rng, outputs, texts = step
             named = dict(bound)
@@ -270,12 +276,12 @@ class Gradient:
         return dtype
 
     @staticmethod
-    def _reads(d, name) -> bool:
+    def reads(d, name) -> bool:
         return any(grad_mod.uses_array(e, name) for e in d.helpers) or any(
             grad_mod.uses_array(e, name) for _, eqs in d.grads for e in eqs)
 
     @staticmethod
-    def _params(d, rng) -> dict:
+    def params_for(d, rng) -> dict:
         out = {}
         for name, (kind, what) in d.params:
             if kind == "len":
@@ -288,7 +294,7 @@ class Gradient:
         return out
 
     @staticmethod
-    def _clip_bare(g: Equation, rng: dict, shape) -> dict:
+    def clip_bare(g: Equation, rng: dict, shape) -> dict:
         """A bare left-hand index never leaves the gradient array (it can, when the forward
         read was `pad(i, lo, hi)`: those tuples only touched the padding)."""
         out = dict(rng)
@@ -305,31 +311,31 @@ class Gradient:
             d, rng, shapes, params = self.derivation(False), None, None, {}
         else:
             d, rng, shapes, params, _ = self._last
-        helpers = [self._printable(h, rng, shapes, params) for h in d.helpers]
+        helpers = [self.printable(h, rng, shapes, params) for h in d.helpers]
         out = {}
         for name, eqs in d.grads:
             used = [h for h, e in zip(helpers, d.helpers)
                     if any(grad_mod.uses_array(g, e.output) for g in eqs)]
-            out[name] = used + [self._printable(g, rng, shapes, params) for g in eqs]
+            out[name] = used + [self.printable(g, rng, shapes, params) for g in eqs]
         return out
 
-    def _printable(self, g: Equation, rng, shapes, params) -> str:
+    def printable(self, g: Equation, rng, shapes, params) -> str:
         solved = rewrite.solve(g)
         e = solved.equation if solved else g
         if rng is None:       # no call yet: bounds stay named parameters, unless implied
             if solved:
                 e = self._drop_structural(e, solved)
-            return str(_subst_params(e, {p: Param(p.lstrip("_")) for p in
+            return str(grad_print.subst_params(e, {p: Param(p.lstrip("_")) for p in
                                          (solved.bound_params if solved else {})}))
-        grng = self._clip_bare(g, rng, shapes[g.output])
+        grng = self.clip_bare(g, rng, shapes[g.output])
         values = dict(params)
         call_ranges = grng
         if solved:
             call_ranges, bounds = rewrite.solved_ranges(solved, grng, shapes[g.output])
             values.update(bounds)
-        e = _subst_params(e, {n: Const(v) for n, v in values.items()})
-        e = _drop_redundant(e, shapes, call_ranges)
-        e = _add_range_masks(e, shapes, call_ranges)
+        e = grad_print.subst_params(e, {n: Const(v) for n, v in values.items()})
+        e = grad_print.drop_redundant(e, shapes, call_ranges)
+        e = grad_print.add_range_masks(e, shapes, call_ranges)
         return str(e)
 
     def _drop_structural(self, e: Equation, solved) -> Equation:
@@ -353,11 +359,11 @@ class Gradient:
         for f in schedule.top_factors(e.rhs):
             if isinstance(f, Compare) and len(f.operands) == 3 and isinstance(f.operands[0], Param):
                 v = f.operands[0].name[len("_lo_"):]
-                m = _mask_bounds(Compare(("<=", "<"), (Const(0), f.operands[1], Const(1))))
+                m = grad_print.mask_bounds(Compare(("<=", "<"), (Const(0), f.operands[1], Const(1))))
                 if m is not None and (v, m[0]) in guarded:
                     continue
             keep.append(f)
-        return replace(e, rhs=_rebuild(keep))
+        return replace(e, rhs=grad_print.rebuild(keep))
 
     def code(self, target: str = "cpu") -> str:
         """Generated source of every gradient kernel (of the last vjp call, when there was one)."""
@@ -376,142 +382,10 @@ class Gradient:
                 if rec is not None and target == "cpu":
                     text = jit.module_text(rec[0].source, "cpu")
                 else:
-                    text = self._kernel(g).source(target=target)
+                    text = self.kernel_for(g).source(target=target)
                     if str(g) in record and target == "cpu":    # ran through BLAS (rec None)
                         text = ("# a pure contraction over whole arrays: the last vjp ran it "
                                 "through BLAS (numpy);\n# these loops run it with blas=False\n"
                                 + text)
                 parts.append(f"# ---- {title}: {g}\n{text}")
         return "\n".join(parts)
-
-
-# ----------------------------------------------------------------------------- equation edits
-def _subst_params(eq: Equation, values: dict) -> Equation:
-    def f(e):
-        return values.get(e.name, e) if isinstance(e, Param) else e
-    return replace(eq, rhs=map_expr(eq.rhs, f))
-
-
-def _rebuild(factors):
-    out = factors[0]
-    for f in factors[1:]:
-        out = Binary("*", out, f)
-    return out
-
-
-def _drop_redundant(eq: Equation, shapes: dict, call_ranges: dict) -> Equation:
-    """Remove top-level masks that the iteration satisfies anyway: by the ranges alone, or
-    because a top-level pad read that the loops are clipped by (schedule.find_guards) guards
-    the same expression at least as tightly."""
-    factors = schedule.top_factors(eq.rhs)
-    keep = []
-    pad_guards = {}
-    guarding = schedule.find_guards(eq, 0)[1]
-    for f in factors:
-        if isinstance(f, Access) and str(f) in guarding:
-            for d, s in enumerate(f.indices):
-                if isinstance(s, Wrapped):
-                    pad_guards[Affine(s.inner.terms)] = (-s.inner.const,
-                                                         shapes[f.array][d] - s.inner.const)
-    for f in factors:
-        m = _mask_bounds(f)
-        if m is not None and _implied(*m, call_ranges, pad_guards):
-            continue
-        keep.append(f)
-    return replace(eq, rhs=_rebuild(keep) if keep else Const(1))
-
-
-def _mask_bounds(f):
-    """(affine, lo, hi) of a mask `lo <= affine < hi` with integer bounds (either may be None)."""
-    if not isinstance(f, Compare) or len(f.ops) > 2:
-        return None
-    ops, xs = f.ops, f.operands
-    if len(ops) == 2 and ops != ("<=", "<"):
-        return None
-    mid = schedule.linear(xs[1] if len(ops) == 2 else xs[0])
-    if mid is None or mid[1]:
-        return None
-    a = Affine(mid[0].terms, mid[2])
-    ints = [schedule.linear(x) for x in xs]
-    if any(i is None or i[0].terms or i[1] for k, i in enumerate(ints) if k != (1 if len(ops) == 2 else 0)):
-        return None
-    if len(ops) == 2:
-        return a, ints[0][2], ints[2][2]
-    c = ints[1][2]
-    return {"<": (a, None, c), "<=": (a, None, c + 1), ">=": (a, c, None), ">": (a, c + 1, None)}.get(ops[0])
-
-
-def _implied(a: Affine, lo, hi, call_ranges, pad_guards) -> bool:
-    b = ranges_mod.affine_bounds(a, {n: (r.start, r.stop) for n, r in call_ranges.items()})
-    if b is None or ((lo is None or b[0] >= lo) and (hi is None or b[1] < hi)):
-        return True
-    for sign in (1, -1):
-        pg = pad_guards.get(Affine(a.scale(sign).terms))
-        if pg is not None and sign == 1:
-            plo, phi = pg[0] + a.const, pg[1] + a.const
-            return (lo is None or plo >= lo) and (hi is None or phi <= hi)
-    return False
-
-
-def _add_range_masks(eq: Equation, shapes: dict, call_ranges: dict) -> Equation:
-    """Masks `(a <= i < b)` for indices that tullio() alone would iterate over more values
-    than vjp does (taking into account what the other masks and pad guards already imply)."""
-    try:
-        own = ranges_mod.infer(eq, {n: shapes[n] for n in [eq.output, *eq.arrays]})
-    except RangeError:
-        own = {}
-    limits = _guard_limits(eq, shapes)
-    masks = []
-    for n in eq.indices:
-        r, o = call_ranges[n], own.get(n)
-        lo, hi = (o.start, o.stop) if o is not None else (None, None)
-        for a, glo, ghi in limits:
-            c = a.coef(n)
-            if abs(c) != 1 or any(m not in call_ranges for m in a.names):
-                continue
-            rest = Affine.of(tuple(t for t in a.terms if t[0] != n), a.const)
-            rb = ranges_mod.affine_bounds(rest, {m: (x.start, x.stop) for m, x in call_ranges.items()})
-            if rb is None:
-                continue
-            if c == 1:    # glo <= n + rest < ghi
-                new_lo = None if glo is None else glo - rb[1]
-                new_hi = None if ghi is None else ghi - rb[0]
-            else:         # glo <= -n + rest < ghi  =>  rest - ghi < n <= rest - glo
-                new_lo = None if ghi is None else rb[0] - ghi + 1
-                new_hi = None if glo is None else rb[1] - glo + 1
-            if new_lo is not None:
-                lo = new_lo if lo is None else max(lo, new_lo)
-            if new_hi is not None:
-                hi = new_hi if hi is None else min(hi, new_hi)
-        need_lo = lo is None or lo < r.start
-        need_hi = hi is None or hi > r.stop
-        if need_lo and need_hi:
-            masks.append(Compare(("<=", "<"), (Const(r.start), _iv(n), Const(r.stop))))
-        elif need_lo:
-            masks.append(Compare(("<=",), (Const(r.start), _iv(n))))
-        elif need_hi:
-            masks.append(Compare(("<",), (_iv(n), Const(r.stop))))
-    if not masks:
-        return eq
-    return replace(eq, rhs=_rebuild(schedule.top_factors(eq.rhs) + masks))
-
-
-def _guard_limits(eq: Equation, shapes: dict) -> list:
-    """(affine, lo, hi) of every top-level mask and every pad read that acts as a guard."""
-    out, red = [], set(eq.reduction_indices)
-    for f in schedule.top_factors(eq.rhs):
-        m = _mask_bounds(f)
-        if m is not None:
-            out.append(m)
-        elif isinstance(f, Access) and eq.reducer == "+":
-            pads = [(d, s) for d, s in enumerate(f.indices) if isinstance(s, Wrapped)]
-            if pads and all(s.kind == "pad" and isinstance(s.inner, Affine) and red & set(s.names)
-                            for _, s in pads):
-                for d, s in pads:
-                    out.append((s.inner, 0, shapes[f.array][d]))
-    return out
-
-
-def _iv(n):
-    from .ir import IndexValue
-    return IndexValue(n)

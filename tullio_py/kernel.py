@@ -15,51 +15,16 @@ import numpy as np
 from . import blas as _blas
 from . import blas_shift as _shift
 from . import bind as binding
-from . import callpath, codegen, dtypes, factory, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from . import callpath, codegen, dtypes, factory, summation, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, ParseError, RangeError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
-from .ir import Access, Affine, Binary, Equation, Gather, IndexValue, Unary, walk
+from .ir import Affine, Equation, Gather
 from .parse import parse
 from . import tape as _tape
 
 OPTIONS = OPTION_NAMES
 _KERNELS = memo.Memo("kernel.kernels", 1024)
-
-
-# ----------------------------------------------------------------------------- helpers
-def summation_terms(e):
-    """Top-level additive terms of an expression."""
-    if isinstance(e, Binary) and e.op in "+-":
-        return summation_terms(e.left) + summation_terms(e.right)
-    if isinstance(e, Unary):
-        return summation_terms(e.operand)
-    return [e]
-
-
-def term_indices(e) -> set[str]:
-    out = set()
-    for n in walk(e):
-        if isinstance(n, Access):
-            for s in n.indices:
-                out |= set(s.names)       # a gather's names are its index array's indices
-        elif isinstance(n, IndexValue):
-            out.add(n.name)
-    return out
-
-
-def summation_message(eq: Equation) -> str | None:
-    """The SummationWarning text when an additive term misses a reduction index."""
-    red = eq.reduction_indices
-    if not red or eq.reducer != "+":
-        return None
-    for t in summation_terms(eq.rhs):
-        missing = [n for n in red if n not in term_indices(t)]
-        if missing:
-            return (f"the term {t} does not use the reduction index {', '.join(missing)}, so it "
-                    f"is summed over {', '.join(missing)} as well (the whole right-hand side is "
-                    f"reduced): {eq.text or eq}.  Split the statement if that is not intended.")
-    return None
 
 
 @dataclass(frozen=True)
@@ -109,7 +74,7 @@ class Kernel:
         # matmuls over strided views when the cost model says so (blas_shift.py).
         self._shift = (_shift.shifted(self.equation)
                        if options.blas and target in ("auto", "cpu") else None)
-        self.summation_message = summation_message(self.equation)
+        self.summation_message = summation.message(self.equation)
         self._warned_by_tullio = False
         if self.summation_message:
             warnings.warn(self.summation_message, SummationWarning, stacklevel=3)
@@ -176,6 +141,40 @@ class Kernel:
                                        isinstance(s, Gather) for s in eq.lhs.indices))):
             self._calls.remember(self, given, collected, prepared, args, out, b.fill)
         return out
+
+    # ------------------------------------------------------------------ for the frontends
+    @property
+    def last(self):
+        """What the last call ran (a Prepared of this module or of frontends/cuda.py)."""
+        return self._last
+
+    @last.setter
+    def last(self, prepared):
+        self._last = prepared
+
+    @property
+    def compiled(self):
+        """Compile key -> Prepared: the compiled functions of this statement (all targets)."""
+        return self._prepared
+
+    @property
+    def blas_plan(self):
+        """The BLAS contraction (blas.py) this statement may run as, or None."""
+        return self._blas
+
+    @property
+    def shift_plan(self):
+        """The strided-view matmuls (blas_shift.py) this statement may run as, or None."""
+        return self._shift
+
+    def prepare(self, arrays, rng, dtype, out_shape):
+        """(Prepared, ranges of the rewritten statement, bound parameters): compiled once per
+        call signature."""
+        return self._prepare(arrays, rng, dtype, out_shape)
+
+    def gradient_side(self):
+        """The Gradient (gradient_kernel.py) of this statement, built on first use."""
+        return self._gradient()
 
     def run_with_ranges(self, arrays: dict, rng: dict, out: np.ndarray, params: dict):
         """Run into `out` with the given index ranges (no range inference): gradients iterate

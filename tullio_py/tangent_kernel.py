@@ -13,7 +13,7 @@ import numpy as np
 
 from . import bind as binding, tangent as tangent_mod
 from .errors import ArgumentError, GradientError, SummationWarning
-from .gradient_kernel import _pick, _run
+from .gradient_kernel import pick, run_on
 
 
 class Tangent:
@@ -66,11 +66,11 @@ class Tangent:
                 ns[eq.output] = out_value if out_value is not None else k(**arrays)
             else:                           # '=' with a finaliser: the value it writes
                 ns[eq.output] = k(**{**call, eq.output: np.array(out_value, copy=True)})
-        params = self.grad._params(t, rng)
+        params = self.grad.params_for(t, rng)
         dout = np.zeros(out_shape, dtype)
         for h in t.helpers:
             ns[h.output] = np.zeros(out_shape, self.grad.helper_dtype(h, {**ns, **params}))
-            _run(self.grad._kernel(h), _pick(h, ns, params), rng, ns[h.output], params)
+            run_on(self.grad.kernel_for(h), pick(h, ns, params), rng, ns[h.output], params)
         for name, eqs in t.terms:
             if name not in tangents:
                 continue
@@ -82,7 +82,7 @@ class Tangent:
                                     eq.text, None)
             ns[names[name]] = tx[()] if name in scalars else tx
             for e in eqs:
-                _run(self.grad._kernel(e), _pick(e, ns, params), rng, dout, params)
+                run_on(self.grad.kernel_for(e), pick(e, ns, params), rng, dout, params)
         shapes.update({n: () for n in scalars})
         all_shapes = {**shapes, eq.output: out_shape, t.output: out_shape,
                       **{h.output: out_shape for h in t.helpers},
@@ -96,11 +96,11 @@ class Tangent:
             t, rng, shapes, params = self.derivation(False), None, None, {}
         else:
             t, rng, shapes, params = self._last
-        return [self.grad._printable(e, rng, shapes, params)
+        return [self.grad.printable(e, rng, shapes, params)
                 for e in list(t.helpers) + [e for _, eqs in t.terms for e in eqs]]
 
 
-def _reads(e, name: str) -> bool:
+def reads(e, name: str) -> bool:
     from .grad import uses_array
     return uses_array(e, name)
 

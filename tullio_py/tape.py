@@ -274,7 +274,7 @@ class Tape:
             if rec.reads_output:
                 # The statement reads its own old value: differentiate the same statement with
                 # that read renamed, so the old value gets its own gradient.
-                vjp_kernel, old = _old_value_kernel(rec.kernel)
+                vjp_kernel, old = old_value_kernel(rec.kernel)
                 arrays[old] = arrays.pop(rec.output)
                 arrays[rec.output] = post
                 grads = vjp_kernel.vjp(g, **arrays)
@@ -371,7 +371,7 @@ def _derived_kernel(k, eq):
         return make(str(eq), **options)
 
 
-def _old_value_kernel(k):
+def old_value_kernel(k):
     """(kernel of the statement with reads of its output renamed, the new name)."""
     from dataclasses import replace
 

@@ -47,12 +47,12 @@ def wants_cuda(kernel, arrays: dict) -> bool:
         v.__class__ is not np.ndarray and on_device(v) for v in arrays.values())
 
 
-def _library(v) -> str:
+def library(v) -> str:
     mod = type(v).__module__.split(".")[0]
     return mod if mod in ("torch", "cupy") else "numba"
 
 
-def _as_numba(v):
+def as_numba(v):
     """A numba device array viewing v's memory."""
     from numba import cuda
     if type(v).__module__.startswith("numba"):
@@ -64,10 +64,10 @@ def _as_numba(v):
 
 def host_scalar(v):
     """The value of a one-element array in GPU memory, as a numpy scalar of its dtype."""
-    return np.asarray(_as_numba(v).copy_to_host()).reshape(())[()]
+    return np.asarray(as_numba(v).copy_to_host()).reshape(())[()]
 
 
-def _one_d(a):
+def one_d(a):
     """0-d arrays are passed as one element, as on the CPU."""
     return a.reshape(1) if len(a.shape) == 0 else a
 
@@ -91,7 +91,7 @@ def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
     key = ("cuda", str(work_eq), dtype.str,
            tuple((n, a.dtype.str, a.ndim) if isinstance(a, np.ndarray) else (n, type(a).__name__)
                  for n, a in sorted(checked.items())))
-    prepared = kernel._prepared.get(key)
+    prepared = kernel.compiled.get(key)
     if prepared is None:
         plan = schedule.plan(work_eq, call_ranges, dtype.name, threads=False,
                              pad_value=kernel.pad, fastmath=kernel.fastmath)
@@ -100,7 +100,7 @@ def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
         if kernel.verbose >= 2:
             print(source.text)
         prepared = Prepared(jit.load_cuda(source), source, plan, work_eq, snapshot)
-        kernel._prepared[key] = prepared
+        kernel.compiled[key] = prepared
     return prepared, call_ranges, extra
 
 
@@ -165,31 +165,31 @@ def call(kernel, arrays: dict):
             host[n] = h
             dev[n] = cuda.to_device(h if h.flags.c_contiguous else np.ascontiguousarray(h))
         else:
-            dev[n] = _as_numba(arrays[n])
+            dev[n] = as_numba(arrays[n])
     lib = "numba"
     if on_gpu:
-        libs = {_library(arrays[n]) for n in on_gpu}
+        libs = {library(arrays[n]) for n in on_gpu}
         lib = "torch" if "torch" in libs else "cupy" if "cupy" in libs else "numba"
     extrema = gather_extrema(eq, host if host_mode else dev)
     checked, rng, dtype, out_shape, fill = check(
         kernel, {n: (d.shape, d.dtype) for n, d in dev.items()}, params, extrema)
     ref = arrays[on_gpu[0]] if on_gpu else None
     if eq.assign == ":=":
-        out, user_out = _alloc(lib, out_shape, dtype, kernel.pad if fill else None, ref)
+        out, user_out = alloc(lib, out_shape, dtype, kernel.pad if fill else None, ref)
     else:
         out, user_out = dev[eq.output], arrays[eq.output]
     prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)
-    values = {n: _one_d(d) for n, d in dev.items()}
+    values = {n: one_d(d) for n, d in dev.items()}
     values.update(params)
-    values[eq.output] = _one_d(out)
+    values[eq.output] = one_d(out)
     if prepared.snapshot:
-        values["_old_" + eq.output] = _one_d(_copy(out))
+        values["_old_" + eq.output] = one_d(device_copy(out))
     if eq.assign != ":=" and not host_mode:     # an input in the output's memory: its snapshot
         for n in eq.arrays:
             if n != eq.output and n in dev and overlap.device_overlaps(dev[n], out):
-                values[n] = _one_d(_copy(dev[n]))
-    _launch(kernel, prepared, values, call_ranges, extra, _stream(lib, ref))
-    kernel._last = prepared
+                values[n] = one_d(device_copy(dev[n]))
+    launch(kernel, prepared, values, call_ranges, extra, stream_for(lib, ref))
+    kernel.last = prepared
     if host_mode:
         result = out.copy_to_host().reshape(out_shape)
         if eq.assign == ":=":
@@ -203,7 +203,7 @@ def call(kernel, arrays: dict):
         user_out if len(out_shape) else user_out.reshape(()) if _can_0d(user_out) else user_out)
 
 
-def _launch(kernel, prepared: Prepared, values: dict, call_ranges: dict, extra: dict, stream):
+def launch(kernel, prepared: Prepared, values: dict, call_ranges: dict, extra: dict, stream):
     """Launch the generated kernels of one statement (`values`: numba views and scalars)."""
     from numba import cuda
     src = prepared.source
@@ -230,7 +230,7 @@ def _can_0d(a) -> bool:
         return False
 
 
-def _alloc(lib: str, shape, dtype: np.dtype, fill, ref):
+def alloc(lib: str, shape, dtype: np.dtype, fill, ref):
     """(numba view, the library's own array) of a new output; 0-d outputs get one element."""
     from numba import cuda
     phys = tuple(shape) or (1,)
@@ -251,7 +251,7 @@ def _alloc(lib: str, shape, dtype: np.dtype, fill, ref):
     return d, d
 
 
-def _copy(a):
+def device_copy(a):
     """A device copy of a device array (the snapshot an in-place statement reads)."""
     from numba import cuda
     try:
@@ -262,7 +262,7 @@ def _copy(a):
         return cuda.to_device(np.ascontiguousarray(a.copy_to_host()))
 
 
-def _stream(lib: str, ref):
+def stream_for(lib: str, ref):
     """Launch on the stream the inputs' library is using, so work stays ordered with it."""
     from numba import cuda
     if lib == "torch":
@@ -288,9 +288,9 @@ def ptx(kernel, arrays: dict, cc=(9, 0)) -> tuple[codegen_cuda.CudaSource, dict]
     prepared, call_ranges, extra = prepare(kernel, checked, rng, dtype, out_shape)
     src = prepared.source
     out = np.empty(out_shape, dtype) if eq.assign == ":=" else host[eq.output]
-    values = {n: _one_d(a) for n, a in host.items()}
+    values = {n: one_d(a) for n, a in host.items()}
     values.update({n: checked[n] for n in params})
-    values[eq.output] = _one_d(out)
+    values[eq.output] = one_d(out)
     values["_old_" + eq.output] = values[eq.output]
     if src.kind == "scalar":
         values["_red"] = np.empty(1, np.dtype(src.scratch))

@@ -36,11 +36,11 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
         raise ArgumentError(f"arrays in GPU memory ({', '.join(on_gpu)}) and in host memory "
                             f"({', '.join(host)}) in one vjp call", eq.text, None,
                             "move them all to the GPU")
-    dev = {n: (cuda.to_device(_contiguous(v)) if host_mode else dev_mod._as_numba(v))
+    dev = {n: (cuda.to_device(_contiguous(v)) if host_mode else dev_mod.as_numba(v))
            for n, v in {**given, "cotangent": cotangent}.items()}
     cot = dev.pop("cotangent")
     ref = cotangent if not host_mode else None
-    lib = "numba" if host_mode else dev_mod._library(cotangent)
+    lib = "numba" if host_mode else dev_mod.library(cotangent)
     extrema = dev_mod.gather_extrema(eq, dev)
     shapes = {n: (d.shape, d.dtype) for n, d in dev.items() if n != eq.output}
     if eq.assign != ":=":
@@ -54,21 +54,21 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
     complex_mode = any(np.dtype(d.dtype).kind == "c" for d in [*dev.values(), cot]) or any(
         isinstance(v, complex) for v in params.values())
     d = gradient.derivation(complex_mode, gradient.real_inputs(eq, dev))
-    gparams = gradient._params(d, rng)
+    gparams = gradient.params_for(d, rng)
     ns = {n: v for n, v in dev.items() if n != eq.output or eq.output in eq.arrays}
     # a scalar output's cotangent is a scalar parameter of the gradient statements
     ns[d.cotangent] = dev_mod.host_scalar(cot) if not cot.shape else cot
-    if gradient._reads(d, eq.output) and eq.output not in ns:
+    if gradient.reads(d, eq.output) and eq.output not in ns:
         if eq.output in dev:
             ns[eq.output] = dev[eq.output]
         else:       # the forward again, on the device
             again = dev_mod.call(k, {**{n: v for n, v in dev.items() if n != eq.output}, **params})
-            ns[eq.output] = dev_mod._as_numba(again)
-    stream = dev_mod._stream(lib, ref)
+            ns[eq.output] = dev_mod.as_numba(again)
+    stream = dev_mod.stream_for(lib, ref)
     for h in d.helpers:
         dtype = gradient.helper_dtype(h, {**ns, **params, **gparams})
-        ns[h.output], _ = dev_mod._alloc(lib, out_shape, dtype, 0, ref)
-        _run(gradient._kernel(h), ns, params, gparams, rng, ns[h.output], stream)
+        ns[h.output], _ = dev_mod.alloc(lib, out_shape, dtype, 0, ref)
+        _run(gradient.kernel_for(h), ns, params, gparams, rng, ns[h.output], stream)
     result = {}
     for name, eqs in d.grads:
         x = dev[name]
@@ -76,9 +76,9 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
         if xdt.kind not in "fc":
             continue
         dtype = gradient.gradient_dtype(xdt, np.dtype(cot.dtype), complex_mode)
-        view, own = dev_mod._alloc(lib, x.shape, dtype, 0, ref)
+        view, own = dev_mod.alloc(lib, x.shape, dtype, 0, ref)
         for g in eqs:
-            _run(gradient._kernel(g), ns, params, gparams, gradient._clip_bare(g, rng, x.shape),
+            _run(gradient.kernel_for(g), ns, params, gparams, gradient.clip_bare(g, rng, x.shape),
                  view, stream)
         result[name] = _as_dtype(lib, view, own, xdt)
     if host_mode:
@@ -103,12 +103,12 @@ def _run(gk, ns: dict, params: dict, gparams: dict, rng: dict, out, stream):
     checked = {**ghosts, **scalars, eq.output: binding.placeholder(out.shape, out.dtype)}
     prepared, call_ranges, extra = dev_mod.prepare(gk, checked, rng, np.dtype(out.dtype),
                                                    tuple(out.shape))
-    values = {n: dev_mod._one_d(ns[n]) for n in eq.arrays if n in ns}
+    values = {n: dev_mod.one_d(ns[n]) for n in eq.arrays if n in ns}
     values.update(scalars)
-    values[eq.output] = dev_mod._one_d(out)
+    values[eq.output] = dev_mod.one_d(out)
     if prepared.snapshot:
-        values["_old_" + eq.output] = dev_mod._one_d(dev_mod._copy(out))
-    dev_mod._launch(gk, prepared, values, call_ranges, extra, stream)
+        values["_old_" + eq.output] = dev_mod.one_d(dev_mod.device_copy(out))
+    dev_mod.launch(gk, prepared, values, call_ranges, extra, stream)
 
 
 def _as_dtype(lib: str, view, own, dtype: np.dtype):

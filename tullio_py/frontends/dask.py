@@ -66,7 +66,7 @@ def vjp(k, cotangent, arrays: dict) -> dict:
     """Kernel.vjp with dask arrays: {input: lazy gradient}, the gradient statements lowered by
     the same rules as a forward call."""
     da = _da()
-    eq, gr = k.equation, k._gradient()
+    eq, gr = k.equation, k.gradient_side()
     arrays = dict(arrays)
     out_value = arrays.pop(eq.output, None)
     cot = cotangent if isinstance(cotangent, da.Array) else da.asarray(np.asarray(cotangent))
@@ -75,7 +75,7 @@ def vjp(k, cotangent, arrays: dict) -> dict:
         call_args[eq.output] = (out_value if out_value is not None
                                 else da.zeros(cot.shape, cot.dtype, chunks=cot.chunks))
     collected, values = _inputs(k, call_args)
-    st = gr._state(collected, _ghost(cot))
+    st = gr.call_state(collected, _ghost(cot))
     d, rng, params = st.d, st.rng, st.params
     ns = {n: values[n] for n in collected
           if n not in eq.params and (n != eq.output or eq.output in eq.arrays)}

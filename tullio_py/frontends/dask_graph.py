@@ -413,6 +413,6 @@ def run_block(call: BlockCall, *data):
     rng = {n: range(a, b) for n, a, b in call.ranges}
     if not k.uses_blas(arrays, rng, out):
         with _LOCK:         # compiles at most once per signature, whatever the thread count
-            k._prepare(arrays, rng, out.dtype, out.shape)
+            k.prepare(arrays, rng, out.dtype, out.shape)
     k.run_with_ranges(arrays, rng, out, call.params)
     return out

@@ -154,13 +154,13 @@ def call(kernel, arrays: dict):
     spec = Spec.of(kernel, arrays)
     grad_mode = torch.is_grad_enabled()
     if not (grad_mode and any(arrays[n].requires_grad for n in spec.diff)) \
-            and not any(_wrapped(t) for t in tensors.values()):
+            and not any(is_wrapped(t) for t in tensors.values()):
         return run_forward(spec, [arrays[n] for n in spec.tensors], spec.scalar_values(arrays))
     from .torch_autograd import Apply
     return Apply.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
 
 
-def _wrapped(t: torch.Tensor) -> bool:
+def is_wrapped(t: torch.Tensor) -> bool:
     """Whether t is a torch.func transform's wrapper (vmap's batched tensor, grad's or jvp's
     tracking tensor) or a forward-mode dual tensor: such a call goes through the autograd
     Function, whose rules handle it."""
@@ -195,7 +195,7 @@ def run_forward(spec: Spec, tensors, others: dict) -> torch.Tensor:
     """Forward without autograd: numpy views in, the numpy result wrapped (no copy unless
     torch's result dtype differs from numpy's)."""
     values = dict(zip(spec.tensors, tensors))
-    np_arrays = {n: _param(t) if n in spec.kernel.equation.params else to_numpy(t)
+    np_arrays = {n: param_value(t) if n in spec.kernel.equation.params else to_numpy(t)
                  for n, t in values.items()}
     np_arrays.update(others)
     out = spec.kernel(**np_arrays)
@@ -203,7 +203,7 @@ def run_forward(spec: Spec, tensors, others: dict) -> torch.Tensor:
                                             np.asarray(out).dtype))
 
 
-def _param(t: torch.Tensor):
+def param_value(t: torch.Tensor):
     """A tensor passed as a scalar parameter: its value (the kernels take parameters as
     runtime scalars)."""
     if t.numel() != 1:
@@ -221,11 +221,11 @@ def run_backward(spec: Spec, others: dict, saved: dict, shapes: dict, gout: torc
     np_arrays = {}
     for n in spec.tensors:
         if n in saved:
-            np_arrays[n] = _param(saved[n]) if n in kernel.equation.params \
+            np_arrays[n] = param_value(saved[n]) if n in kernel.equation.params \
                 else to_numpy(saved[n])
         else:
             shape, dt = shapes[n]
-            np_arrays[n] = placeholder(shape, _np_compute_dtype(dt))
+            np_arrays[n] = placeholder(shape, np_compute_dtype(dt))
     np_arrays.update(others)
     grads = vjp_mod.vjp(kernel, to_numpy(gout), np_arrays, needs,
                              None if out is None else to_numpy(out))
@@ -247,7 +247,7 @@ _NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torc
           torch.complex64: np.complex64, torch.complex128: np.complex128}
 
 
-def _np_compute_dtype(dt: torch.dtype) -> np.dtype:
+def np_compute_dtype(dt: torch.dtype) -> np.dtype:
     """The numpy dtype a tensor of dtype dt is computed in (no tensor is made: this also runs
     under torch.compile's fake tensors)."""
     return np.dtype(_NUMPY[dt])
@@ -298,7 +298,7 @@ def _in_place(kernel, arrays: dict, tensors: dict):
             f"in-place '{eq.assign}' with tensors that require grad ({', '.join(names)}) is not "
             "differentiable through torch autograd", eq.text, eq.lhs.span,
             "use ':=' to make a new tensor, or run the statement under torch.no_grad()")
-    np_arrays = {n: (_param(v) if n in eq.params else to_numpy(v))
+    np_arrays = {n: (param_value(v) if n in eq.params else to_numpy(v))
                  if isinstance(v, torch.Tensor) else v for n, v in arrays.items()}
     direct = isinstance(out, torch.Tensor) and out.dtype not in _HALF \
         and not out.is_conj() and not out.is_neg()
@@ -361,7 +361,7 @@ class _CudaApply(torch.autograd.Function):
         spec = ctx.spec
         needs = {n for n, want in zip(spec.tensors, ctx.needs_input_grad[2:])
                  if want and n in spec.diff}
-        values = {n: (_param(t.cpu()) if n in spec.kernel.equation.params else t.detach())
+        values = {n: (param_value(t.cpu()) if n in spec.kernel.equation.params else t.detach())
                   for n, t in zip(spec.tensors, tensors)}
         with torch.no_grad():
             grads = vjp_mod.vjp(spec.kernel, gout.contiguous(), {**values, **ctx.others}, needs,

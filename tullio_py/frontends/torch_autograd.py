@@ -195,16 +195,16 @@ def _statements(sub, spec, others: dict, values: dict, gout):
     index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
     arrays = {}
     for n, t in values.items():
-        dt = tf._np_compute_dtype(t.dtype)
-        if n in index_only and not tf._wrapped(t):
+        dt = tf.np_compute_dtype(t.dtype)
+        if n in index_only and not tf.is_wrapped(t):
             arrays[n] = tf.to_numpy(t)
         else:
             arrays[n] = np.zeros((), dt) if n in eq.params else tf.placeholder(t.shape, dt)
     with torch.no_grad():
-        sub.vjp(tf.placeholder(gout.shape, tf._np_compute_dtype(gout.dtype)), **arrays,
+        sub.vjp(tf.placeholder(gout.shape, tf.np_compute_dtype(gout.dtype)), **arrays,
                 **others)
-    g = sub._gradient()
-    return g._last[0], g.equations()
+    g = sub.gradient_side()
+    return g.last[0], g.equations()
 
 
 def _assign(e, x, opts: dict, args: dict, make):
@@ -268,7 +268,7 @@ class Jvp(torch.autograd.Function):
         tangents, tensors = args[:len(which)], args[len(which):]
         kernel, eq = spec.kernel, spec.kernel.equation
         with tf.jit.thread_budget(torch.get_num_threads()):
-            arrays = {n: tf._param(t) if n in eq.params else tf.to_numpy(t)
+            arrays = {n: tf.param_value(t) if n in eq.params else tf.to_numpy(t)
                       for n, t in zip(spec.tensors, tensors)}
             t_np = {n: tf.to_numpy(t).reshape(np.shape(arrays[n]))
                     for n, t in zip(which, tangents)}

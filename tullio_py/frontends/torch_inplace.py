@@ -26,7 +26,7 @@ class InPlace(torch.autograd.Function):
         values = dict(zip(spec.tensors, tensors))
         out = values[eq.output]
         old = out.detach().clone() if eq.output in eq.arrays else None
-        np_arrays = {n: tf._param(t) if n in eq.params else tf.to_numpy(t)
+        np_arrays = {n: tf.param_value(t) if n in eq.params else tf.to_numpy(t)
                      for n, t in values.items()}
         np_arrays[eq.output] = out.detach().numpy()     # its own memory (checked by the caller)
         np_arrays.update(others)
@@ -48,14 +48,14 @@ class InPlace(torch.autograd.Function):
         names = [n for n in spec.tensors if n != eq.output]
         values = dict(zip(names, saved))
         post = saved[len(names)]
-        arrays = {n: tf._param(t) if n in eq.params else tf.to_numpy(t)
+        arrays = {n: tf.param_value(t) if n in eq.params else tf.to_numpy(t)
                   for n, t in values.items()}
         arrays.update(ctx.others)
         arrays[eq.output] = tf.to_numpy(post)          # the value after the statement
         gnp = tf.to_numpy(g.contiguous())
         with torch.no_grad(), tf.jit.thread_budget(torch.get_num_threads()):
             if eq.output in eq.arrays:                  # reads its own old value
-                k, old = tape_mod._old_value_kernel(spec.kernel)
+                k, old = tape_mod.old_value_kernel(spec.kernel)
                 arrays[old] = tf.to_numpy(saved[-1])
                 grads = k.vjp(gnp, **arrays)
                 read = grads.pop(old, None)

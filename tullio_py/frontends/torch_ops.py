@@ -111,8 +111,8 @@ def _forward_fake(key, tensors, scalars):
               if n not in eq.params}
     rng = ranges_mod.infer(eq, shapes, {}, k.given)
     shape = ranges_mod.output_shape(eq, rng, {})
-    ghosts = {n: (tf.placeholder(shapes[n], tf._np_compute_dtype(t.dtype)) if n not in eq.params
-                  else tf._np_compute_dtype(t.dtype).type(0)) for n, t in values.items()}
+    ghosts = {n: (tf.placeholder(shapes[n], tf.np_compute_dtype(t.dtype)) if n not in eq.params
+                  else tf.np_compute_dtype(t.dtype).type(0)) for n, t in values.items()}
     from ..bind import result_dtype
     np_dtype = result_dtype(eq, {**ghosts, **others})
     dtype = tf.torch_result_dtype(k, {**values, **others}, np_dtype)
