@@ -23,19 +23,11 @@ STAGE = {
     "tape": 8, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "gradient_kernel": 9,
     "tangent_kernel": 9.2, "frontends.vjp": 9.3, "explain": 9.5, "frontends.dask_graph": 9.6,
     "frontends.dask": 9.7, "frontends.torch": 9.8, "frontends.torch_autograd": 9.85,
-    "frontends.torch_inplace": 9.86, "frontends.torch_ops": 9.9, "kernel": 10, "nn": 14,
+    "frontends.torch_inplace": 9.86, "frontends.torch_ops": 9.9, "frontends.torch_call": 9.95, "kernel": 10, "nn": 14,
     "__init__": 15, "__main__": 16,
 }
-# The one cycle left: the torch frontend dispatches (lazily) to its autograd Function, custom
-# ops and in-place recording, which import its tensor conversions back.  Breaking it means
-# moving those conversions (to_numpy, to_torch, dtypes) below frontends.torch.
-CYCLE_ALLOWED = {
-    ("frontends.torch", "frontends.torch_autograd"): "Function for tensors that need grad",
-    ("frontends.torch", "frontends.torch_ops"): "custom ops for torch.compile, built on first use",
-    ("frontends.torch", "frontends.torch_inplace"): "in-place statements on tensors under a Tape",
-}
 HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_autograd", "frontends.torch_inplace",
-                   "frontends.torch_ops",
+                   "frontends.torch_ops", "frontends.torch_call",
                    "nn"},
          "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen.cuda"},
          "dask": {"frontends.dask", "frontends.dask_graph"},
@@ -89,7 +81,7 @@ def test_imports_go_one_way(name, path):
             owners = HEAVY.get(target)
             assert owners is None or name in owners, f"{name} imports {target}"
             continue
-        if target == name or target not in STAGE or (name, target) in CYCLE_ALLOWED:
+        if target == name or target not in STAGE:
             continue
         assert STAGE[target] < STAGE[name], (
             f"{name} (stage {STAGE[name]}) imports {target} (stage {STAGE[target]})"
@@ -98,9 +90,9 @@ def test_imports_go_one_way(name, path):
 
 def test_no_import_cycles():
     """Tarjan's strongly connected components over all imports (function-level included):
-    none has more than one module, except the named torch frontend edges."""
+    none has more than one module."""
     graph = {name: {t for t, _, ext in imports(name, path) if not ext and t in STAGE
-                    and t != name and (name, t) not in CYCLE_ALLOWED}
+                    and t != name}
              for name, path in modules()}
     index, low, stack, on, cycles = {}, {}, [], set(), []
 
@@ -133,7 +125,7 @@ def test_no_import_cycles():
 def test_heavy_dependencies_are_imported_at_function_level_only():
     for name, path in modules():
         for target, top_level, external in imports(name, path):
-            if external and target in HEAVY and name not in ("frontends.torch", "frontends.torch_autograd",
+            if external and target in HEAVY and name not in ("frontends.torch", "frontends.torch_call", "frontends.torch_autograd",
                                                                   "frontends.torch_inplace",
                                                                   "frontends.torch_ops"):
                 assert not top_level, f"{name} imports {target} at module level"

@@ -104,8 +104,8 @@ class Kernel:
                 return out
         torch = sys.modules.get("torch")    # torch tensors go to their frontend (torch loaded),
         if torch is not None and any(isinstance(v, torch.Tensor) for v in arrays.values()):
-            from .frontends import torch as torch_frontend   # which consults the Tape itself
-            return torch_frontend.call(self, arrays)        # (torch.compile cannot trace it)
+            from .frontends import torch_call   # which consults the Tape itself
+            return torch_call.call(self, arrays)        # (torch.compile cannot trace it)
         if "dask.array" in sys.modules and _dask_frontend().wants(arrays):
             return _dask_frontend().call(self, arrays)     # a lazy graph of blocks
         tape = _tape.current()              # inside `with Tape()`: record, then run untaped

@@ -100,7 +100,7 @@ class Tangent:
                 for e in list(t.helpers) + [e for _, eqs in t.terms for e in eqs]]
 
 
-def reads(e, name: str) -> bool:
+def _reads(e, name: str) -> bool:
     from .grad import uses_array
     return uses_array(e, name)
 

@@ -1,6 +1,7 @@
 """torch tensors in, torch tensors out, differentiable through torch autograd.
 
-`Kernel.__call__` hands a call here when any argument is a torch tensor.  CPU tensors reach the
+`Kernel.__call__` hands a call with any torch tensor to torch_call.py, which picks the route;
+this module converts and runs.  CPU tensors reach the
 compiled loops as numpy views of their memory (`detach().numpy()`, no copy; any strides), after
 resolving lazy conjugate/negative bits.  float16/bfloat16 have no numba loops: they are computed
 in float32 and cast back.  The result dtype follows torch's promotion rules (dimensioned tensors
@@ -29,7 +30,7 @@ from ..errors import ArgumentError, GradientError
 from ..ir import walk
 from . import vjp as vjp_mod
 
-_HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)
 _CATEGORY = {"b": 0, "i": 1, "u": 1, "f": 2, "c": 3}
 
 
@@ -42,7 +43,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    if t.dtype in _HALF:
+    if t.dtype in HALF:
         t = t.float()
     return t.numpy()
 
@@ -113,7 +114,7 @@ def _complex_of(dt: torch.dtype) -> torch.dtype:
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    return {np.dtype(v): k for k, v in _NUMPY.items() if k not in _HALF}[np.dtype(dt)]
+    return {np.dtype(v): k for k, v in _NUMPY.items() if k not in HALF}[np.dtype(dt)]
 
 
 def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
@@ -122,7 +123,7 @@ def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the call
-def _torch_threads(f):
+def torch_threads(f):
     """Run f with torch's intra-op thread count (torch.get_num_threads()) as the thread budget
     of the kernels it calls: torch and the kernels share one budget of threads."""
     @functools.wraps(f)
@@ -132,32 +133,6 @@ def _torch_threads(f):
         with jit.thread_budget(torch.get_num_threads()):
             return f(*args, **kwargs)
     return wrapped
-
-
-@_torch_threads
-def call(kernel, arrays: dict):
-    eq = kernel.equation
-    if not torch.compiler.is_compiling():
-        from ..tape import current        # inside `with Tape()`: the Tape records the call
-        tape = current()
-        if tape is not None:
-            return tape.run(kernel, arrays)
-    tensors = {n: v for n, v in arrays.items() if isinstance(v, torch.Tensor)}
-    devices = {t.device.type for t in tensors.values()}
-    if devices - {"cpu"}:
-        return _cuda_call(kernel, arrays, devices)
-    if eq.assign != ":=":
-        return _in_place(kernel, arrays, tensors)
-    if torch.compiler.is_compiling():
-        from . import torch_ops
-        return torch_ops.compiled_call(kernel, arrays)
-    spec = Spec.of(kernel, arrays)
-    grad_mode = torch.is_grad_enabled()
-    if not (grad_mode and any(arrays[n].requires_grad for n in spec.diff)) \
-            and not any(is_wrapped(t) for t in tensors.values()):
-        return run_forward(spec, [arrays[n] for n in spec.tensors], spec.scalar_values(arrays))
-    from .torch_autograd import Apply
-    return Apply.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
 
 
 def is_wrapped(t: torch.Tensor) -> bool:
@@ -190,7 +165,7 @@ class Spec:
         return {n: arrays[n] for n in self.others}
 
 
-@_torch_threads
+@torch_threads
 def run_forward(spec: Spec, tensors, others: dict) -> torch.Tensor:
     """Forward without autograd: numpy views in, the numpy result wrapped (no copy unless
     torch's result dtype differs from numpy's)."""
@@ -212,7 +187,7 @@ def param_value(t: torch.Tensor):
     return t.detach().reshape(()).numpy()
 
 
-@_torch_threads
+@torch_threads
 def run_backward(spec: Spec, others: dict, saved: dict, shapes: dict, gout: torch.Tensor, out,
                  needs) -> list:
     """Gradients (torch tensors, or None) for spec.tensors, computed by the kernel's vjp for
@@ -253,7 +228,7 @@ def np_compute_dtype(dt: torch.dtype) -> np.dtype:
     return np.dtype(_NUMPY[dt])
 
 
-def _no_second_order(spec: Spec, grads: list, deps: list) -> list:
+def no_second_order(spec: Spec, grads: list, deps: list) -> list:
     deps = [d for d in deps if d.requires_grad]
     made = [g for g in grads if g is not None]
     if not deps or not made:
@@ -280,93 +255,3 @@ class _NoSecondOrder(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------- in place
-def _in_place(kernel, arrays: dict, tensors: dict):
-    """`=`, `+=`, ... into a tensor's own memory; with tensors that require grad, `=`, `+=`
-    and `-=` into a float tensor are differentiable (torch_inplace.py), `*=` is an error."""
-    eq = kernel.equation
-    out = arrays[eq.output]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()) \
-            and eq.assign != "*=" and isinstance(out, torch.Tensor) and out.dtype not in _HALF \
-            and (out.is_floating_point() or out.is_complex()) \
-            and not out.is_conj() and not out.is_neg():
-        from .torch_inplace import InPlace     # differentiable, with the Tape's semantics
-        spec = Spec.of(kernel, arrays)
-        return InPlace.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
-        names = [n for n, t in tensors.items() if t.requires_grad]
-        raise ArgumentError(
-            f"in-place '{eq.assign}' with tensors that require grad ({', '.join(names)}) is not "
-            "differentiable through torch autograd", eq.text, eq.lhs.span,
-            "use ':=' to make a new tensor, or run the statement under torch.no_grad()")
-    np_arrays = {n: (param_value(v) if n in eq.params else to_numpy(v))
-                 if isinstance(v, torch.Tensor) else v for n, v in arrays.items()}
-    direct = isinstance(out, torch.Tensor) and out.dtype not in _HALF \
-        and not out.is_conj() and not out.is_neg()
-    if direct:
-        np_arrays[eq.output] = out.detach().numpy()
-    kernel(**np_arrays)
-    if isinstance(out, torch.Tensor):
-        if direct:
-            torch.autograd.graph.increment_version(out)
-        else:
-            with torch.no_grad():
-                out.copy_(torch.from_numpy(np_arrays[eq.output]))
-    return out
-
-
-# ----------------------------------------------------------------------------- CUDA
-def _cuda_call(kernel, arrays: dict, devices: set):
-    """CUDA tensors run on the CUDA target (frontends/cuda.py views them without copies and
-    allocates the result with torch); with autograd, the backward runs the gradient kernels on
-    the same device (frontends/cuda_vjp.py)."""
-    eq = kernel.equation
-    where = devices | ({"cpu"} if any(isinstance(v, np.ndarray) for v in arrays.values()) else set())
-    if len(where) > 1:
-        raise ArgumentError(f"arrays on different devices ({', '.join(sorted(where))})",
-                            eq.text, None, "move every tensor to the same device")
-    from . import cuda
-    spec = Spec.of(kernel, arrays)
-    if not (torch.is_grad_enabled() and any(arrays[n].requires_grad for n in spec.diff)):
-        return cuda.call(kernel, {n: v.detach() if isinstance(v, torch.Tensor) else v
-                                  for n, v in arrays.items()})
-    if eq.assign != ":=":
-        raise ArgumentError(f"in-place '{eq.assign}' with tensors that require grad is not "
-                            "differentiable through torch autograd", eq.text, eq.lhs.span,
-                            "use ':=' to make a new tensor, or run the statement under "
-                            "torch.no_grad()")
-    for n in eq.params:
-        if isinstance(arrays.get(n), torch.Tensor) and arrays[n].requires_grad:
-            raise GradientError(f"no gradient for the scalar parameter '{n}' (parameters are "
-                                "runtime constants of the kernel)", eq.text, None)
-    return _CudaApply.apply(spec, spec.scalar_values(arrays), *[arrays[n] for n in spec.tensors])
-
-
-class _CudaApply(torch.autograd.Function):
-    """out = kernel(**arrays) on CUDA tensors as one autograd node; backward = the kernel's
-    vjp on the same device."""
-
-    @staticmethod
-    def forward(ctx, spec: Spec, others: dict, *tensors):
-        from . import cuda
-        out = cuda.call(spec.kernel, {**dict(zip(spec.tensors, tensors)), **others})
-        ctx.spec, ctx.others = spec, others
-        ctx.save_for_backward(*tensors, out)
-        if not out.is_floating_point() and not out.is_complex():
-            ctx.mark_non_differentiable(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, gout):
-        *tensors, out = ctx.saved_tensors
-        spec = ctx.spec
-        needs = {n for n, want in zip(spec.tensors, ctx.needs_input_grad[2:])
-                 if want and n in spec.diff}
-        values = {n: (param_value(t.cpu()) if n in spec.kernel.equation.params else t.detach())
-                  for n, t in zip(spec.tensors, tensors)}
-        with torch.no_grad():
-            grads = vjp_mod.vjp(spec.kernel, gout.contiguous(), {**values, **ctx.others}, needs,
-                                out.detach())
-        result = [grads.get(n) if n in needs else None for n in spec.tensors]
-        if torch.is_grad_enabled():
-            result = _no_second_order(spec, result, [gout, *tensors])
-        return (None, None, *result)

@@ -39,7 +39,7 @@ def reads(kernel, needs, complex_mode: bool = False) -> tuple[set[str], bool]:
     return set(keep), out
 
 
-def reads(kernel, needs, complex_mode: bool) -> tuple[set[str], bool]:
+def _reads(kernel, needs, complex_mode: bool) -> tuple[set[str], bool]:
     eq = kernel.equation
     try:
         from .. import grad
