@@ -61,6 +61,13 @@ class _CallState:
     steps: list                 # how the statements run (Gradient._steps), filled on first use
 
 
+
+def learnable_scalars(eq: Equation, arrays: dict) -> dict:
+    """Parameters passed as 0-d float or complex arrays (a learnable scale): they get a
+    gradient and a tangent, where a Python scalar stays a constant."""
+    return {n: arrays[n] for n in eq.params if isinstance(arrays.get(n), np.ndarray)
+            and arrays[n].ndim == 0 and arrays[n].dtype.kind in "fc"}
+
 class Gradient:
     """The gradient side of one forward Kernel."""
 
@@ -117,9 +124,7 @@ class Gradient:
         if eq.assign == "*=" and out_value is None:
             raise GradientError(f"the gradient of '*=' needs the value of {eq.output} before the "
                                 "statement", eq.text, eq.lhs.span, f"pass {eq.output}=... to vjp")
-        # Parameters passed as 0-d float arrays get a gradient too (a learnable scale).
-        scalars = {n: arrays[n] for n in eq.params if isinstance(arrays.get(n), np.ndarray)
-                   and arrays[n].ndim == 0 and arrays[n].dtype.kind in "fc"}
+        scalars = learnable_scalars(eq, arrays)
         call = dict(arrays)
         if eq.assign != ":=":
             call[eq.output] = out_value if out_value is not None else np.zeros(cot.shape, cot.dtype)

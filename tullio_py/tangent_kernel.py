@@ -13,7 +13,7 @@ import numpy as np
 
 from . import bind as binding, tangent as tangent_mod
 from .errors import ArgumentError, GradientError, SummationWarning
-from .gradient_kernel import pick, run_on
+from .gradient_kernel import learnable_scalars, pick, run_on
 
 
 class Tangent:
@@ -46,8 +46,7 @@ class Tangent:
         if eq.assign == "*=" and out_value is None:
             raise GradientError(f"the tangent of '*=' needs the value of {eq.output} before the "
                                 "statement", eq.text, eq.lhs.span, f"pass {eq.output}=... to jvp")
-        scalars = {n: arrays[n] for n in eq.params if isinstance(arrays.get(n), np.ndarray)
-                   and arrays[n].ndim == 0 and arrays[n].dtype.kind in "fc"}
+        scalars = learnable_scalars(eq, arrays)
         call = dict(arrays)
         if eq.assign != ":=":
             call[eq.output] = out_value

@@ -227,7 +227,20 @@ def _define(e) -> str:
 
 
 # ----------------------------------------------------------------------------- reverse mode
-class Vjp(torch.autograd.Function):
+class _FirstOrder(torch.autograd.Function):
+    """A Function whose own derivative is not defined: differentiating it again is a
+    GradientError naming the statement (the spec, first input, carries the kernel)."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.text = inputs[0].kernel.text
+
+    @staticmethod
+    def backward(ctx, *grads):
+        _second_order(ctx.text)
+
+
+class Vjp(_FirstOrder):
     """The gradients of `needs` (one tensor each) from the cotangent, the output and the
     inputs (zero-stride tensors where the gradients do not read them)."""
     generate_vmap_rule = False
@@ -241,14 +254,6 @@ class Vjp(torch.autograd.Function):
                      for n, g in zip(spec.tensors, grads) if n in needs)
 
     @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.text = inputs[0].kernel.text
-
-    @staticmethod
-    def backward(ctx, *grads):
-        _second_order(ctx.text)
-
-    @staticmethod
     def vmap(info, in_dims, spec, others, needs, keep_out, gout, out, *tensors):
         size = info.batch_size
         k, bspec, values = _batched_spec(spec, others, tensors, in_dims[6:], size, True)
@@ -259,7 +264,7 @@ class Vjp(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------- forward mode
-class Jvp(torch.autograd.Function):
+class Jvp(_FirstOrder):
     """The output's tangent from the tangents of the inputs in `which` and every input."""
     generate_vmap_rule = False
 
@@ -276,14 +281,6 @@ class Jvp(torch.autograd.Function):
         values = dict(zip(spec.tensors, tensors))
         return tf.to_torch(dout, tf.torch_result_dtype(kernel, {**values, **others},
                                                        np.asarray(dout).dtype))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.text = inputs[0].kernel.text
-
-    @staticmethod
-    def backward(ctx, *grads):
-        _second_order(ctx.text)
 
     @staticmethod
     def vmap(info, in_dims, spec, others, which, *args):
