@@ -53,15 +53,22 @@ def run_printed(k, cot, arrays, out):
     result = {}
     for name, lines in k.gradient_equations.items():
         ns = {**arrays, "d" + eq.output: cot, eq.output: out, "d" + name: np.zeros_like(arrays[name])}
-        for line in lines:
-            e = kernel(line).equation
-            reads = {n: ns[n] for n in (*e.arrays, *e.params)}
-            if e.assign == ":=":
-                ns[e.output] = tullio(line, **reads)
-            else:
-                tullio(line, **{e.output: ns[e.output]}, **reads)
+        run_statements(lines, ns)
         result[name] = ns["d" + name]
     return result
+
+
+def run_statements(lines, ns: dict) -> dict:
+    """Run printed statements in order with tullio() and no options, reading and writing the
+    arrays of `ns` (a `:=` statement adds its result to it)."""
+    for line in lines:
+        e = kernel(line).equation
+        reads = {n: ns[n] for n in (*e.arrays, *e.params)}
+        if e.assign == ":=":
+            ns[e.output] = tullio(line, **reads)
+        else:
+            tullio(line, **{e.output: ns[e.output]}, **reads)
+    return ns
 
 
 @pytest.mark.filterwarnings("ignore::tullio_py.errors.SummationWarning")

@@ -10,7 +10,7 @@ from tullio_py import kernel, tullio
 from tullio_py.ir import Wrapped
 
 from test_grad import finite_difference
-from test_grad_equations import run_printed
+from test_grad_equations import run_printed, run_statements
 
 RNG = np.random.default_rng(7)
 
@@ -228,14 +228,7 @@ def run_printed_tangent(k, arrays, tangents, out):
                        if isinstance(a, np.ndarray) and a.dtype.kind in "fc"},
           **{"d" + n: t for n, t in tangents.items()}, eq.output: out,
           "d" + eq.output: np.zeros_like(out)}
-    for line in k.tangent_equations:
-        e = kernel(line).equation
-        reads = {n: ns[n] for n in (*e.arrays, *e.params)}
-        if e.assign == ":=":
-            ns[e.output] = tullio(line, **reads)
-        else:
-            tullio(line, **{e.output: ns[e.output]}, **reads)
-    return ns["d" + eq.output]
+    return run_statements(k.tangent_equations, ns)["d" + eq.output]
 
 
 F = torch.nn.functional
