@@ -192,9 +192,6 @@ SECOND = {
                                                     dtype=F64)), {}),
 }
 XFAIL = {
-    "clamp": "the gradient statement dx[clamp(i+a-1)] += ... writes through clamp() on the left: "
-             "it has no ':=' form (the clamped extent is x's length, which ':=' cannot know), so "
-             "its first derivative is not itself differentiable (a GradientError)",
     "prod_with_zeros": "the (*) gradient statements are exact in value at zeros but piecewise: "
                        "for a row with one zero, the gradient of a non-zero entry is written as "
                        "the constant 0 (where(y_zeros == 0, ..., 0)), so its derivative with "
@@ -215,6 +212,19 @@ def test_gradcheck_and_gradgradcheck(name):
         return k(**dict(zip(names, a)), **extra)
     assert torch.autograd.gradcheck(f, args)
     assert torch.autograd.gradgradcheck(f, args)
+
+
+def test_third_derivative_through_a_scatter_raises():
+    """The clamp gradient's scatter runs in place (torch_inplace.py): differentiable once more
+    (gradgradcheck above), and a third derivative is a GradientError, never a missing term."""
+    from tullio_py.errors import GradientError
+    text, make, _ = SECOND["clamp"]
+    k = kernel(text)
+    x, w, z = [v.requires_grad_() for v in make().values()]
+    (gx,) = torch.autograd.grad(k(x=x, w=w, z=z).pow(2).sum(), [x], create_graph=True)
+    (gw,) = torch.autograd.grad(gx.pow(2).sum(), [w], create_graph=True)
+    with pytest.raises(GradientError, match="double backward"):
+        torch.autograd.grad(gw.sum(), [z])
 
 
 def test_hessian_vector_product_matches_torch():

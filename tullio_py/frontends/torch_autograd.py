@@ -14,9 +14,9 @@ form, so torch.func's transforms (grad, vjp, jvp, vmap, jacrev, jacfwd) compose 
   they read (unbatched ones as zero-stride expansions), so per-example gradients of shared
   weights come out per example.
 
-A derivative of `Vjp` (gradients whose statements cannot be called as `:=` kernels: clamp, mod
-or pad positions on the left) or of `Jvp` (reverse mode over forward mode) raises a
-GradientError, never a silently missing term.
+A derivative of `Vjp` (under torch.func, gradients whose statements cannot be called as `:=`
+kernels: clamp, mod or pad positions on the left) or of `Jvp` (reverse mode over forward mode)
+raises a GradientError, never a silently missing term.
 """
 from __future__ import annotations
 
@@ -155,10 +155,12 @@ def statement_gradients(spec, others: dict, needs, gout, out, tensors) -> dict |
     """{input: gradient} computed by calling the kernel's gradient statements as kernels on
     these tensors, so the gradients are themselves differentiable through `Apply` (double
     backward, and again).  Each `dX[...] += rhs` runs as `dX[...] := rhs` with the ranges of
-    X's dimensions (a gather on the left scatters into a result padded to X's length);
-    helpers (`:=`) run as they are.  None when a statement writes a form this cannot express
-    (clamp/mod/pad or shifted positions on the left): then the first-order gradients come
-    from `Vjp`, whose derivative raises."""
+    X's dimensions (a gather on the left scatters into a result padded to X's length); a
+    left side through clamp/mod/pad (a many-to-one scatter) runs as it is, `+=` into zeros
+    of X's shape, in place through autograd (torch_inplace.py), differentiable once more;
+    helpers (`:=`) run as they are.  None under torch.func's transforms when a statement
+    needs the in-place form: then the first-order gradients come from `Vjp`, whose
+    derivative raises."""
     from ..factory import kernel as make
     from ..parse import parse
     kernel = spec.kernel
@@ -219,7 +221,21 @@ def _assign(e, x, opts: dict, args: dict, make):
     if len(slots) == 1 and isinstance(slots[0], Gather) and not slots[0].offset.terms:
         r = make(_define(e), **opts)(**args)
         return torch.nn.functional.pad(r, (0, x.shape[0] - r.shape[0]))
-    return None
+    if torch._C._are_functorch_transforms_active():
+        return None                     # (the in-place Function has no torch.func rules)
+    # clamp/mod/pad positions or shifts on the left: the statement itself, `+=` into zeros
+    # of X's shape; in place with autograd (torch_inplace.InPlace), so it is differentiable
+    # once more with respect to everything it reads
+    dx = torch.zeros(x.shape, dtype=_result_dtype(x, args.values()))
+    return make(str(e), **opts)(**{e.output: dx}, **args)
+
+
+def _result_dtype(x, values) -> torch.dtype:
+    dt = x.dtype
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_complex():
+            dt = torch.promote_types(dt, v.dtype)
+    return dt
 
 
 def _define(e) -> str:

@@ -75,4 +75,6 @@ class InPlace(torch.autograd.Function):
                 result.append(None)
             else:
                 result.append(tf.to_torch(np.asarray(gr), t.dtype).reshape(t.shape))
+        if torch.is_grad_enabled():     # create_graph: a further derivative raises
+            result = tf.no_second_order(spec, result, [g, *saved])
         return (None, None, *result)
