@@ -249,7 +249,7 @@ class Gradient:
             return False
         entry = self._fused.get(key)
         if entry is None:
-            source = fused.render(plans)
+            source = fused.render(schedule.fuse(plans))
             entry = self._fused[key] = (jit.load(source, "cpu", signature=repr(key)), source)
         return entry
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .guards import (Guard, Linear, compare_guards, find_guards, index_only, is_scatter,  # noqa: F401
                      linear, mask_guards, top_factors)
-from .ir import Affine, Binary, Equation, Wrapped
+from .ir import Access, Affine, Binary, Equation, Wrapped, walk
 
 # Below this many (iterations x body cost) a kernel runs on one thread: starting threads costs
 # more than the work.
@@ -61,6 +61,9 @@ class Plan:
                                   # in as constants so the compiler unrolls and vectorises it
     dtypes: tuple = ()            # (name, dtype) of the arrays and parameters read (dtypes.py):
                                   # the code computes each element as numpy would
+    hoists: tuple = ()            # (read, loop level): a read that does not depend on the
+                                  # innermost loop, loaded once into a local just inside loop
+                                  # number `level` (-1: before every loop); see hoisted_reads
 
 
 def safe_indices(eq: Equation) -> set[str]:
@@ -232,7 +235,58 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         block = _reduction_block(eq, order, ranges, sizes or {})
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
-                lanes=lanes, fixed=fixed, block=block)
+                lanes=lanes, fixed=fixed, block=block, hoists=hoisted_reads(eq, loops))
+
+
+def hoisted_reads(eq: Equation, loops: tuple) -> tuple:
+    """The reads that do not depend on the innermost loop, each with the loop it is read in:
+    the innermost loop it depends on (-1: none), so it is loaded once per iteration of that
+    loop.  numba cannot hoist them itself (the output may alias them).  Mask factors are
+    guards, not reads."""
+    pos = {l.index: k for k, l in enumerate(loops)}
+    last = len(loops) - 1
+    out: dict = {}
+    for f in top_factors(eq.rhs):
+        if mask_guards(f) is not None:
+            continue
+        for n in walk(f):
+            if not isinstance(n, Access) or not n.indices or str(n) in out:
+                continue
+            level = max((pos[x] for s in n.indices for x in s.names), default=-1)
+            if level < last:
+                out[str(n)] = (n, level)
+    return tuple(out.values())
+
+
+@dataclass(frozen=True)
+class Fused:
+    """Several accumulating statements run as one loop nest (codegen/fused.py decides whether
+    they can): the loops of `plans[base]`, the plan with the most left-hand indices (the
+    largest output, whose own loop order matters most).  Every read is loaded into a local
+    before any store of an iteration (the compiler must assume a store may change any array,
+    so it would repeat a read that comes after a store): a read that does not depend on the
+    innermost loop once before it, the others at the top of its body; a read shared by two
+    statements is one load.  `reads`: (statement number, read, loop level)."""
+    plans: tuple
+    base: int
+    reads: tuple
+
+
+def fuse(plans) -> Fused:
+    """The fused loop nest of `plans` (statements that codegen.fused.fusable accepts)."""
+    base = max(range(len(plans)), key=lambda k: len(plans[k].equation.lhs.indices))
+    loops = plans[base].loops
+    n, inner = len(loops), loops[-1].index
+    reads: dict = {}
+    for k, p in enumerate(plans):
+        for f in top_factors(p.equation.rhs):
+            if mask_guards(f) is not None:
+                continue
+            for a in walk(f):
+                if isinstance(a, Access) and a.indices and str(a) not in reads:
+                    level = n - 1 if inner in {x for s in a.indices for x in s.names} else n - 2
+                    reads[str(a)] = (k, a, level)
+    return Fused(tuple(plans), base, tuple(reads.values()))
 
 
 def _reduction_block(eq: Equation, order: list, ranges: dict, sizes: dict) -> tuple:

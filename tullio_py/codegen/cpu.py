@@ -16,8 +16,8 @@ from dataclasses import replace
 from ..schedule import Plan
 from .bounds import loop_bounds
 from .emit import Emitter, under
-from .expr import STORE, Expr, better, combine, identity_code, pad_condition
-from .nest import Nest, choose_hoists, nonneg_indices
+from .expr import STORE, Expr, better, combine, hoist_table, identity_code, pad_condition
+from .nest import Nest, nonneg_indices
 from .source import SUM_FASTMATH, Source
 from .text import pad_line, rename_plan, user_arg
 
@@ -33,7 +33,7 @@ def render_renamed(plan: Plan, shown: Plan, target: str = "cpu") -> Source:
     """The loop nest of `plan` (names already renamed) with `target`'s math library; comments
     name the loops as in `shown` (the plan with the user's names)."""
     eq = plan.equation
-    x = Expr(plan, target)
+    x = Expr(plan, target, hoist_table(plan.hoists))
     arrays = [eq.output] + [a for a in eq.arrays if a != eq.output]
     bounds = [f"_{w}_{n}" for n in (l.index for l in plan.loops) for w in ("start", "stop")]
     args = tuple(arrays + list(eq.params) + bounds)
@@ -59,7 +59,6 @@ def render_renamed(plan: Plan, shown: Plan, target: str = "cpu") -> Source:
     out = Emitter()
     for v, start, stop in plan.fixed:       # constants the compiler can unroll with
         out.add(f"_start_{v} = {start}\n_stop_{v} = {stop}")
-    x.hoists = choose_hoists(plan)
     nest = Nest(plan, out, x, nonneg_indices(plan, [eq]))
     if plan.scatter:
         _scatter(nest)

@@ -93,9 +93,16 @@ def pad_condition(a: Access, idx: list[str]) -> str:
 STORE = {":=": "=", "=": "=", "+=": "+=", "-=": "-=", "*=": "*="}
 
 
+def hoist_table(hoists) -> dict:
+    """{read text: (local name, loop level, read)} of (read, loop level) pairs as a Plan's
+    `hoists` lists them: the k-th is loaded into the local `_h<k>`."""
+    return {str(a): (f"_h{k}", level, a) for k, (a, level) in enumerate(hoists)}
+
+
 class Expr:
     """Renders the expressions of `plan` (user names already renamed) for `target`.  A read
-    listed in `hoists` ({read text: (local name, loop level, read)}) is written as its local."""
+    listed in `hoists` ({read text: (local name, loop level, read)}, hoist_table) is written
+    as its local."""
 
     def __init__(self, plan: Plan, target: str = "cpu", hoists: dict | None = None):
         self.plan = plan

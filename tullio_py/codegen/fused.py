@@ -13,11 +13,9 @@ Rules (checked by `fusable`):
 - the loop split across threads is bare on every left-hand side (each thread writes its own
   elements of every output), so the fused kernel is as race-free as each statement alone.
 
-The loop order is the plan of the statement with the most left-hand indices (the largest
-output, whose own loop order matters most).  In the innermost loop, a statement whose
-left-hand side does not depend on it sums into a register, added after the loop; the others
-update their output in place.  Reads that do not depend on the innermost index are read once
-before it.  The sums then run in another order than the statements' own kernels: results
+The loop order and the reads loaded into locals are decided by schedule.fuse (a Fused).  In
+the innermost loop, a statement whose left-hand side does not depend on it sums into a
+register, added after the loop; the others update their output in place.  The sums then run in another order than the statements' own kernels: results
 agree to rounding, not bit for bit (`fuse=False` runs the statements one by one).
 """
 from __future__ import annotations
@@ -26,13 +24,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..ir import Access, walk
-from ..schedule import Plan, mask_guards, safe_indices, top_factors
+from ..schedule import Fused, Plan, fuse, safe_indices
 from .emit import Emitter
-from .expr import Expr
+from .expr import Expr, hoist_table
 from .nest import Nest, nonneg_indices
 from .source import SUM_FASTMATH, Source
-from .text import pad_line, rename_plan, user_arg
+from .text import pad_line, rename_access, rename_plan, user_arg
 
 
 def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
@@ -57,44 +54,35 @@ def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
 
 
 def base_plan(plans: list[Plan]) -> Plan:
-    """The plan whose loop order the fused kernel takes: the one with most left indices."""
-    return plans[max(range(len(plans)), key=lambda k: len(plans[k].equation.lhs.indices))]
+    """The plan whose loop order the fused kernel takes (schedule.fuse)."""
+    return plans[fuse(plans).base]
 
 
-def render(plans: list[Plan]) -> Source:
-    """One kernel running every statement of `plans` (which must be `fusable`); user names
-    appear renamed (text.rename_plan), `args` are the caller's names."""
-    src = _render([rename_plan(p) for p in plans], plans)
+def render(fz: Fused) -> Source:
+    """One kernel running every statement of `fz` (schedule.fuse of `fusable` plans); user
+    names appear renamed (text.rename_plan), `args` are the caller's names."""
+    renamed = replace(fz, plans=tuple(rename_plan(p) for p in fz.plans),
+                      reads=tuple((k, rename_access(a), level) for k, a, level in fz.reads))
+    src = _render(renamed, fz.plans)
     return replace(src, args=tuple(user_arg(a) for a in src.args))
 
 
-def _render(plans: list[Plan], shown: list[Plan]) -> Source:
-    base = base_plan(plans)
+def _render(fz: Fused, shown: tuple) -> Source:
+    plans = fz.plans
+    base = plans[fz.base]
     loops = base.loops
     n = len(loops)
     inner = loops[-1].index
     out = Emitter()
     nest = Nest(base, out, Expr(base), nonneg_indices(base, [p.equation for p in plans]))
-    hoists: dict = {}
     # One table of hoisted reads: a read shared by two statements is one load.
+    hoists = hoist_table((a, level) for _, a, level in fz.reads)
     renders = [Expr(p, hoists=hoists) for p in plans]
-    # Every read is loaded into a local before any store of the iteration: reads that do not
-    # depend on the innermost loop once before it, the others at the top of its body (the
-    # compiler must assume a store may change any array, so it would repeat a read that comes
-    # after a store).  The innermost loop keeps its bounds as arguments: with constant bounds
-    # the compiler unrolls it into straight-line code that it cannot vectorise past the stores
-    # (local convolution, fused dx and dW: 4.9 ms unrolled, 2.9 ms as a loop).
-    reads = []      # (local name, loop level, read, renderer of a statement that reads it)
-    for p, r in zip(plans, renders):
-        for f in top_factors(p.equation.rhs):
-            if mask_guards(f) is not None:
-                continue
-            for a in walk(f):
-                if isinstance(a, Access) and a.indices and str(a) not in hoists:
-                    level = n - 1 if inner in {x for s in a.indices for x in s.names} else n - 2
-                    name = f"_h{len(reads)}"
-                    hoists[str(a)] = (name, level, a)
-                    reads.append((name, level, a, r))
+    # The innermost loop keeps its bounds as arguments: with constant bounds the compiler
+    # unrolls it into straight-line code that it cannot vectorise past the stores (local
+    # convolution, fused dx and dW: 4.9 ms unrolled, 2.9 ms as a loop).
+    reads = [(f"_h{j}", level, a, renders[k])     # (local, loop level, read, its renderer)
+             for j, (k, a, level) in enumerate(fz.reads)]
     arrays = [p.equation.output for p in plans]
     arrays += list(dict.fromkeys(a for p in plans for a in p.equation.arrays if a not in arrays))
     params = list(dict.fromkeys(q for p in plans for q in p.equation.params))
@@ -102,7 +90,7 @@ def _render(plans: list[Plan], shown: list[Plan]) -> Source:
     dtype = np.dtype(base.out_dtype)
     lines = ["# fused: " + "; ".join(str(p.equation) for p in shown),
              "# loops (outer to inner): " + ", ".join(
-                 f"{l.index}{' [threads]' if l.parallel else ''}" for l in base_plan(shown).loops),
+                 f"{l.index}{' [threads]' if l.parallel else ''}" for l in shown[fz.base].loops),
              f"_T = _np.{dtype.name}", *filter(None, [pad_line(base)]),
              f"def _tullio_fused({', '.join(arrays + params + bounds)}):"]
     for k in range(n - 1):

@@ -2,8 +2,8 @@
 python renderer and the fused renderer share."""
 from __future__ import annotations
 
-from ..ir import Access, Affine, walk
-from ..schedule import CHUNKS, Plan, mask_guards, top_factors
+from ..ir import Affine
+from ..schedule import CHUNKS, Plan
 from .bounds import loop_bounds, loop_header
 from .emit import Emitter
 from .expr import Expr
@@ -17,29 +17,9 @@ def nonneg_indices(plan: Plan, equations) -> set[str]:
     return {l.index for l in plan.loops if l.index in bare}
 
 
-def choose_hoists(plan: Plan) -> dict:
-    """Reads that do not depend on the innermost loop are read once, just inside the
-    innermost loop they depend on (numba cannot hoist them: the output may alias them).
-    {read text: (local name, loop level, read)}."""
-    pos = {l.index: k for k, l in enumerate(plan.loops)}
-    last = len(plan.loops) - 1
-    out = {}
-    for f in top_factors(plan.equation.rhs):
-        if mask_guards(f) is not None:
-            continue
-        for n in walk(f):
-            if not isinstance(n, Access) or not n.indices or str(n) in out:
-                continue
-            names = {x for s in n.indices for x in s.names}
-            level = max((pos[x] for x in names), default=-1)
-            if level < last:
-                out[str(n)] = (f"_h{len(out)}", level, n)
-    return out
-
-
 class Nest:
-    """The loops of `plan` opened into `out`; `x` renders the hoisted reads, which are loaded
-    just inside their loop (level -1: before every loop)."""
+    """The loops of `plan` opened into `out`; `x` renders the hoisted reads (the plan's
+    `hoists`), which are loaded just inside their loop (level -1: before every loop)."""
 
     def __init__(self, plan: Plan, out: Emitter, x: Expr, nonneg: set[str]):
         self.plan, self.out, self.x, self.nonneg = plan, out, x, nonneg

@@ -113,6 +113,11 @@ def _code(text: str, f) -> str:
     return _WORD.sub(lambda m: f(m.group(1)), text)
 
 
+def rename_access(a: Access) -> Access:
+    """A read with every user name replaced by its code_name."""
+    return _access(a, code_name)
+
+
 def _linear(lin: Linear | None, f) -> Linear | None:
     if lin is None:
         return None
@@ -140,5 +145,6 @@ def rename_plan(plan: Plan) -> Plan:
         collapse=tuple(f(n) for n in plan.collapse),
         block=(f(plan.block[0]),) + tuple(plan.block[1:]) if plan.block else plan.block,
         fixed=tuple((f(v),) + tuple(rest) for v, *rest in plan.fixed),
+        hoists=tuple((_access(a, f), level) for a, level in plan.hoists),
         **({"dtypes": tuple((f(n), d) for n, d in plan.dtypes)} if hasattr(plan, "dtypes") else {}))
 
