@@ -40,6 +40,7 @@ from .errors import ArgumentError, RangeError
 from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, Param,
                  Unary, walk)
 from .options import NAMES as OPTION_NAMES
+from .signature import array_codes
 
 
 class ArrayInfo(NamedTuple):
@@ -53,7 +54,7 @@ class Binding:
     """One statement bound to the arrays of one call (see the module docstring)."""
     equation: Equation
     arrays: dict            # name -> checked numpy array (placeholder for an ArrayInfo) or scalar
-    signature: tuple        # (name, dtype str, ndim, layout) or (name, scalar type), by name
+    signature: tuple        # signature.ArrayCode (name, dtype, ndim, layout) per argument, by name
     target: str
     ranges: dict            # index -> range the loops iterate
     extrema: dict           # index array -> (min, max) over what the text can read
@@ -96,9 +97,9 @@ def shapes_of(arrays: dict) -> dict:
 
 
 def signature(arrays: dict) -> tuple:
-    """What compiled code depends on: each array's dtype, rank and layout, each scalar's type."""
-    return tuple((n, a.dtype.str, a.ndim, layout(a)) if isinstance(a, np.ndarray)
-                 else (n, type(a).__name__) for n, a in sorted(arrays.items()))
+    """What compiled code depends on: each array's dtype, rank and layout, each scalar's type
+    (signature.ArrayCode per argument, by name)."""
+    return array_codes(arrays)
 
 
 # ----------------------------------------------------------------------------- rule 1: names
@@ -310,22 +311,6 @@ def _weak(v):
 
 
 # ----------------------------------------------------------------------------- small helpers
-def layout(a: np.ndarray):
-    if a.flags.c_contiguous:
-        return "C"
-    return "F" if a.flags.f_contiguous else dims_by_stride(a)
-
-
-def dims_by_stride(a: np.ndarray) -> tuple:
-    """Dimensions from the largest stride to the smallest; empty when none is contiguous."""
-    if a.flags.c_contiguous:
-        return tuple(range(a.ndim))
-    if a.flags.f_contiguous:
-        return tuple(range(a.ndim - 1, -1, -1))
-    dims = tuple(sorted(range(a.ndim), key=lambda d: -abs(a.strides[d])))
-    return dims if dims and abs(a.strides[dims[-1]]) == a.itemsize else ()
-
-
 def extended(dtype: np.dtype) -> bool:
     """numpy's long double and its complex (80- or 128-bit): numba has no loops for them.
     Where they are the same as float64/complex128 they are not extended."""

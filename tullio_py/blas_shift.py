@@ -34,6 +34,7 @@ from numpy.lib.stride_tricks import as_strided
 from .blas import MIN_WORK, factors
 from .ir import Access, Affine, Const, Equation, Param
 from .memo import Memo
+from .signature import CallSignature
 from .ranges import affine_bounds, output_shape
 
 # Cost model of one plan (seconds).  One np.matmul gemm of (m, k) x (k, n) takes
@@ -74,15 +75,14 @@ class Shifted:
         self.full = all(isinstance(s, Affine) and s.is_bare for s in eq.lhs.indices) and \
             len(set(names)) == len(names)
         self.plans = Memo("blas_shift.plans", 64)   # call signature -> Plan or None
+        self.read_names = tuple(dict.fromkeys(a.array for a in reads))  # what plans depend on
 
     # ------------------------------------------------------------------ per call
     def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1):
         """The plan for this call signature, or None (the loops run it).  `loop_threads`: the
         threads the generated loops would run on (they share the work; BLAS must beat that)."""
-        key = (tuple((n, r.start, r.stop) for n, r in rng.items()), dtype.str, loop_threads,
-               tuple(out_shape), tuple(out_strides),
-               tuple((arrays[a.array].dtype.str, arrays[a.array].shape, arrays[a.array].strides)
-                     for a in self.reads))
+        key = CallSignature.of(arrays, rng, dtype, out_shape, (loop_threads, tuple(out_strides)),
+                               self.read_names)
         try:
             return self.plans[key]
         except KeyError:

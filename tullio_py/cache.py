@@ -3,7 +3,8 @@ pickled derivations, under $TULLIO_CACHE_DIR (default: the user cache directory)
 
     <dir>/kernels/_tullio_<sha256>.py      generated module; the name is the hash of the text
     <dir>/kernels/__pycache__/...           numba's `cache=True` files for that module
-    <dir>/pickles/<sha256 of key>.pkl      sha256 of the payload, newline, payload
+    <dir>/pickles/<sha256 of key>.pkl      sha256 of the payload, newline, payload (the key's
+                                            text is signature.stable's, never a repr)
 
 Why files: numba can only cache a function that lives in a real source file, and it reloads it
 in a new process only if the module is importable by name (it looks the module up in
@@ -26,6 +27,8 @@ import tempfile
 import time
 import types
 from pathlib import Path
+
+from . import signature
 
 _TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# tullio_py cache: safe to delete\n"
 _made: set[Path] = set()          # directories created or checked in this process
@@ -201,12 +204,12 @@ def _pickle_path(key) -> Path | None:
     d = _subdir("pickles")
     if d is None:
         return None
-    return d / (digest(repr((code_fingerprint(), key)))[:40] + ".pkl")
+    return d / (signature.digest((code_fingerprint(), key))[:40] + ".pkl")
 
 
 def load_pickle(key):
-    """The object stored under `key` (any value with a stable repr: strings, tuples of
-    strings and numbers), or None when absent, damaged, or the cache is disabled."""
+    """The object stored under `key` (a value `signature.stable` writes: strings, numbers,
+    tuples of them, signatures), or None when absent, damaged, or the cache is disabled."""
     try:
         path = _pickle_path(key)
         if path is None:
@@ -319,6 +322,7 @@ def prune(limit: int | None = None) -> int:
 def clear() -> None:
     """Empty the disk cache (kernels and derivations).  Kernels already loaded in this process
     keep working; they are compiled again (and re-cached) by the next process that needs them."""
+    _made.clear()             # directories are checked (and made) again on next use
     root = directory()
     if root is None:
         return

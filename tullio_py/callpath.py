@@ -11,7 +11,12 @@ function that allocates the output and calls the compiled kernel with its argume
 
 The key is built by a function generated per kernel (no loops, no dict of shapes), so the
 overhead of a call is a few attribute reads, one dict lookup, the output allocation and numba's
-own dispatch.
+own dispatch.  It is the one cache key not built as a signature.CallSignature, on purpose: it
+holds the same facts as that signature's ArraySigs (dtype, shape and strides of each array, the
+type of each scalar, in the kernel's own argument order) plus writeability and gather extrema,
+but as one flat tuple read straight from the arguments, which is what keeps a repeated call
+near the bare compiled function's cost (CallSignature.of would loop over a dict and build a
+tuple per argument).  It lives only in this Kernel's memory (never on disk).
 """
 from __future__ import annotations
 

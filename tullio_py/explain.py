@@ -18,7 +18,7 @@ import numpy as np
 
 from . import bind as binding
 from . import blas as _blas
-from . import cache, jit
+from . import cache, jit, memo
 from .ir import Binary, Call, Compare, Unary, walk
 
 
@@ -101,19 +101,21 @@ def _time(k, arrays: dict, repeat: int) -> float:
     return float(np.median([call() for _ in range(repeat)]))
 
 
-_LIMITS: list = []
+_LIMITS = memo.Memo("explain.limits", 1)
 
 
 def limits() -> tuple[float, float]:
-    """(sgemm flop/s, copy bytes/s) of this machine, measured once and cached on disk."""
-    if _LIMITS:
-        return _LIMITS[0]
+    """(sgemm flop/s, copy bytes/s) of this machine, measured once and cached in memory and
+    on disk."""
     key = ("machine limits", 1)
+    got = _LIMITS.get(key)
+    if got is not None:
+        return got
     got = cache.load_pickle(key)
     if got is None:
         got = _measure()
         cache.store_pickle(key, got)
-    _LIMITS.append(got)
+    _LIMITS[key] = got
     return got
 
 

@@ -23,6 +23,7 @@ from . import bind as binding
 from . import codegen, grad as grad_mod, grad_print, jit, memo, rewrite, schedule
 from .codegen import fused
 from .errors import GradientError, SummationWarning
+from .signature import CallSignature
 from .ir import Access, Affine, Compare, Const, Equation, Param, Wrapped
 
 
@@ -132,10 +133,8 @@ class Gradient:
         # Everything that depends only on shapes, dtypes and strides is worked out once per
         # call signature (ranges, derivation, kernels, fusion); gathers read index values, so
         # their checks run on every call.
-        sig = (cot.dtype.str, cot.shape, tuple(
-            (n, a.dtype.str, a.shape, a.strides) if isinstance(a, np.ndarray)
-            else (n, type(a).__name__) for n, a in collected.items()),
-            tuple((n, a.dtype.str) for n, a in scalars.items()))
+        sig = CallSignature.of(collected, None, cot.dtype, cot.shape,
+                               tuple((n, a.dtype.str) for n, a in scalars.items()))
         st = self._states.get(sig)
         if st is None or st.gathers:
             st = self.call_state(collected, cot, scalars)
@@ -250,7 +249,8 @@ class Gradient:
         entry = self._fused.get(key)
         if entry is None:
             source = fused.render(schedule.fuse(plans))
-            entry = self._fused[key] = (jit.load(source, "cpu", signature=repr(key)), source)
+            entry = self._fused[key] = (jit.load(source, "cpu", signature="; ".join(
+                k.arguments for k in key)), source)
         return entry
 
     @staticmethod

@@ -45,7 +45,8 @@ def _keyed_text(source: Source, target: str, signature: str) -> str:
 def load(source: Source, target: str, signature: str = ""):
     """The compiled (or plain Python) function for `source` on `target`, cached in memory and,
     for "cpu", on disk.  `signature` describes the argument types (dtypes, ranks, layouts) the
-    caller will pass: it is part of the disk key, so each specialisation has its own file."""
+    caller will pass, as stable text (signature.CompileKey.arguments): it is part of the disk
+    key, so each specialisation has its own file."""
     if target == "python":
         text = module_text(source, target)
         fn = _LOADED.get(text)

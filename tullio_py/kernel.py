@@ -16,6 +16,7 @@ from . import blas as _blas
 from . import blas_shift as _shift
 from . import bind as binding
 from . import callpath, codegen, dtypes, factory, summation, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from .signature import CallSignature, CompileKey, dims_by_stride
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, ParseError, RangeError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
@@ -226,8 +227,7 @@ class Kernel:
             source = codegen.render(plan)
             if self.verbose >= 2:
                 print(source.text)
-            fn = jit.load(source, "cpu" if self.target == "auto" else self.target,
-                          signature=repr(key[1:]))
+            fn = jit.load(source, key.target, signature=key.arguments)
             prepared = Prepared(fn, source, plan, low.equation, low.solved, low.snapshot)
             self._prepared[key] = prepared
         return prepared, low.ranges, low.bound_params
@@ -236,13 +236,10 @@ class Kernel:
         """(plan, compile key, lowered statement) for one call signature; compiles nothing.
         Remembered per ranges and array signature: gradients run through here on every vjp,
         and planning costs about 0.3 ms per statement."""
-        memo = (tuple((n, r.start, r.stop, r.step) for n, r in rng.items()), dtype.str,
-                tuple(out_shape), tuple((n, a.dtype.str, a.shape, a.strides)
-                                        if isinstance(a, np.ndarray) else (n, type(a).__name__)
-                                        for n, a in arrays.items()))
-        hit = self._plans.get(memo)
+        sig = CallSignature.of(arrays, rng, dtype, out_shape)
+        hit = self._plans.get(sig)
         if hit is None:
-            hit = self._plans[memo] = self._plan_for(arrays, rng, dtype, out_shape)
+            hit = self._plans[sig] = self._plan_for(arrays, rng, dtype, out_shape)
         return hit
 
     def _plan_for(self, arrays, rng, dtype, out_shape):
@@ -255,7 +252,7 @@ class Kernel:
         parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
         # Memory layout of every array (loop order follows it), and sizes (which matter).
-        layouts = {n: binding.dims_by_stride(a) for n, a in arrays.items() if isinstance(a, np.ndarray)}
+        layouts = {n: dims_by_stride(a) for n, a in arrays.items() if isinstance(a, np.ndarray)}
         sizes = {n: a.size for n, a in arrays.items() if isinstance(a, np.ndarray)}
         sizes[eq.output] = int(np.prod(out_shape))
         for n in list(layouts):
@@ -266,10 +263,9 @@ class Kernel:
                              layouts=layouts, sizes=sizes)
         plan = dtypes.with_dtypes(plan, arrays)
         # Every choice of the plan that changes the code (block depends on the sizes).
-        key = (self._lowered_text, dtype.str, target, parallel, plan.loops, plan.fixed,
-               plan.form, plan.block, plan.chunked, plan.partial, plan.collapse, plan.lanes,
-               tuple((n, a.dtype.str, a.ndim, binding.layout(a)) if isinstance(a, np.ndarray)
-                     else (n, type(a).__name__) for n, a in sorted(arrays.items())))
+        key = CompileKey.of(self._lowered_text, dtype, target, parallel,
+                            (plan.loops, plan.fixed, plan.form, plan.block, plan.chunked,
+                             plan.partial, plan.collapse, plan.lanes), arrays)
         return plan, key, low
 
     def _arguments(self, prepared, arrays, out, call_ranges, extra_params):

@@ -81,6 +81,11 @@ def clear_all() -> int:
     return dropped
 
 
+def registered() -> list:
+    """Every live Memo and every lru-cached function: what clear_all() empties."""
+    return list(_REGISTRY) + list(_FUNCTIONS)
+
+
 def sizes() -> dict[str, int]:
     """{memo name: entries held}, summed over memos of the same name (one per Kernel)."""
     out: dict[str, int] = {}

@@ -21,6 +21,7 @@ from .. import bind as binding
 from .. import codegen, dtypes, jit, memo, overlap, rewrite, schedule
 from ..codegen import cuda as codegen_cuda
 from ..errors import ArgumentError
+from ..signature import CompileKey
 
 
 # ----------------------------------------------------------------------------- where arrays live
@@ -88,9 +89,8 @@ def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
     low = rewrite.lower(kernel.equation, rng, out_shape)
     work_eq, call_ranges, extra = low.equation, low.ranges, low.bound_params
     snapshot = low.snapshot
-    key = ("cuda", str(work_eq), dtype.str,
-           tuple((n, a.dtype.str, a.ndim) if isinstance(a, np.ndarray) else (n, type(a).__name__)
-                 for n, a in sorted(checked.items())))
+    # device arrays are seen through zero-stride placeholders: no layout in the key
+    key = CompileKey.of(str(work_eq), dtype, "cuda", False, (), checked, layouts=False)
     prepared = kernel.compiled.get(key)
     if prepared is None:
         plan = schedule.plan(work_eq, call_ranges, dtype.name, threads=False,
