@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 
 from . import memo
 from .grad_sympy import partials as _partials, times as _times
-from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, IndexValue, Param, Unary,
-                 Wrapped, map_expr, slot_names, walk)
+from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue, Param,
+                 Unary, Wrapped, map_expr, slot_names, walk)
 
 # f'(acc) written through out = f(acc), for finalisers that can be inverted.
 _FINAL_VIA_OUT = {
@@ -311,6 +311,62 @@ def _pre_form(fin: str):
                  "arctan": lambda: Binary("/", Const(1), Binary("+", Const(1), Binary("**", a, Const(2))))}
         return table[fin]()
     return f
+
+
+def exact_product(eq: Equation) -> tuple[Equation, Equation] | None:
+    """The gradient of `(*) out[L] := RHS` (`:=`, bare L, no finaliser) in a form whose own
+    derivative is exact at zeros too: (P, Y) with
+
+        (*) P[L, R] := where(R' == R, 1, RHS')      the product of the OTHER factors at each
+                                                     reduction tuple R (RHS' reads the tuple R')
+        Y[L] := P[L, R] * RHS                        whose gradient with P held fixed is
+                                                     dx[S] += dout[L] * P[L,R] * dRHS/dx[S]
+
+    With P a differentiable input (computed from the same arrays) the gradients are products
+    and sums of differentiable statements: the zero-count helpers of `chain` are exact in value
+    but piecewise, so their derivative loses the product of the others at a zero factor.  P
+    costs one product over R per tuple (L, R): meant for second derivatives, not for vjp.
+    Top-level masks restrict both reductions.  None when the form does not apply."""
+    red = eq.reduction_indices
+    if (eq.reducer != "*" or eq.assign != ":=" or eq.finaliser or not red
+            or not all(isinstance(s, Affine) and s.is_bare for s in eq.lhs.indices)):
+        return None
+    taken = set(eq.indices) | set(eq.arrays) | set(eq.params) | {eq.output}
+    new = {r: _fresh(r + "_", taken) for r in red}
+    masks, body = _top_masks(eq.rhs)
+    inner, other = Const(1), _rename_indices(body, new)
+    for r in reversed(red):
+        inner = Call("where", (Compare(("==",), (IndexValue(new[r]), IndexValue(r))), inner,
+                               other))
+    p, y = _fresh(eq.output + "_others", taken), _fresh(eq.output + "_sum", taken)
+    lhs = tuple(eq.lhs.indices) + tuple(Affine(((r, 1),)) for r in red)
+    prod = Equation(Access(p, lhs), ":=",
+                    _times(inner, *[_rename_indices(m, new) for m in masks]), "*")
+    total = Equation(Access(y, eq.lhs.indices), ":=", _times(Access(p, lhs), eq.rhs))
+    return prod, total
+
+
+def _rename_indices(e, new: dict):
+    """The expression with the indices in `new` renamed (in brackets and as values)."""
+    def affine(a):
+        for old, name in new.items():
+            a = a.substitute(old, Affine(((name, 1),)))
+        return a
+
+    def slot(s):
+        if isinstance(s, Wrapped):
+            return Wrapped(s.kind, slot(s.inner), s.lo, s.hi)
+        if isinstance(s, Gather):
+            return Gather(s.array, tuple(affine(a) for a in s.indices), affine(s.offset))
+        return affine(s)
+
+    def node(n):
+        if isinstance(n, Access):
+            return Access(n.array, tuple(slot(s) for s in n.indices))
+        if isinstance(n, IndexValue) and n.name in new:
+            return IndexValue(new[n.name])
+        return n
+    return map_expr(e, node)
 
 
 def _replace(d: Derivation, **kw) -> Derivation:

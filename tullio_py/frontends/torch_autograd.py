@@ -6,7 +6,9 @@ form, so torch.func's transforms (grad, vjp, jvp, vmap, jacrev, jacfwd) compose 
 * backward runs the kernel's gradient kernels (`Kernel.vjp`) inside `Vjp`, itself a Function;
   when torch asks for a graph of the gradients (create_graph, torch.func.grad), it calls the
   gradient statements as tullio_py kernels on the tensors instead (`statement_gradients`), so
-  the gradients are differentiable through `Apply` again (double backward, Hessian products);
+  the gradients are differentiable through `Apply` again (double backward, Hessian products;
+  a `(*)` reduction through the product of the other factors, grad.exact_product, so that
+  its second derivative is exact at zero factors);
 * forward mode (`jvp`) runs the kernel's tangent kernels (`Kernel.jvp`) inside `Jvp`;
 * vmap rules never loop in Python: a batched call is the same statement with one more index on
   both sides (`batched_kernel`), compiled once per expression and set of batched names.  The
@@ -25,7 +27,7 @@ import torch
 
 from .. import memo
 from ..errors import GradientError, TullioError
-from ..ir import Access, Affine, Gather, Param, Wrapped, map_expr
+from ..ir import Access, Affine, Call, Gather, Param, Wrapped, map_expr
 from . import torch as tf, vjp as vjp_mod
 
 
@@ -164,11 +166,13 @@ def statement_gradients(spec, others: dict, needs, gout, out, tensors) -> dict |
     from ..factory import kernel as make
     from ..parse import parse
     kernel = spec.kernel
+    if kernel.equation.reducer == "*":
+        return _product_gradients(spec, others, needs, gout, tensors)
     values = dict(zip(spec.tensors, tensors))
     sub = vjp_mod.subset_kernel(kernel, needs)
     d, lines = _statements(sub, spec, others, values, gout)
     env = {**values, **others, kernel.equation.output: out, d.cotangent: gout}
-    opts = {n: getattr(kernel.options, n) for n in ("threads", "target", "fastmath", "blas", "fuse")}
+    opts = _options(kernel)
     names = dict(d.gradient_names)
     result = {}
     for n in needs:
@@ -189,11 +193,51 @@ def statement_gradients(spec, others: dict, needs, gout, out, tensors) -> dict |
     return result
 
 
-def _statements(sub, spec, others: dict, values: dict, gout):
-    """(derivation, {input: [statements]}) for these shapes: the statements print the bounds
-    of the last vjp, so a vjp runs first on zero-stride zeros of the right shapes (index
-    arrays with their values)."""
-    eq = sub.equation
+def _options(kernel) -> dict:
+    return {n: getattr(kernel.options, n) for n in ("threads", "target", "fastmath", "blas", "fuse")}
+
+
+def _product_gradients(spec, others: dict, needs, gout, tensors) -> dict | None:
+    """The gradients of a `(*)` reduction from grad.exact_product's statements: the product
+    of the other factors P (one more kernel call) and the gradient statements of
+    `Y[L] := P[L,R] * RHS`, so that their own derivative is exact at zero factors too (the
+    zero-count helpers of the vjp are exact in value but piecewise).  A finaliser is
+    differentiated first as its own statement `out[L] := f(acc[L])`."""
+    from dataclasses import replace
+
+    from ..factory import kernel as make
+    from ..grad import exact_product
+    kernel, opts = spec.kernel, _options(spec.kernel)
+    eq = kernel.equation
+    values = dict(zip(spec.tensors, tensors))
+    if eq.finaliser:
+        eq = replace(eq, finaliser=None, text="")
+        acc = make(str(eq), **opts)(**values, **others)
+        name = next(n for n in (eq.output + "_acc" + "_" * k for k in range(len(values) + 2))
+                    if n not in values and n not in others)
+        fin = make(str(type(eq)(eq.lhs, ":=", Call(kernel.equation.finaliser,
+                                                   (Access(name, eq.lhs.indices),)))), **opts)
+        made = statement_gradients(tf.Spec.of(fin, {name: acc}), {}, (name,), gout,
+                                   fin(**{name: acc}), [acc])
+        gout = made[name]
+    forms = exact_product(eq)
+    if forms is None:
+        return None
+    prod, total = forms
+    rng = kernel.ranges(**_np_values(eq, values), **others)
+    P = make(str(prod), **opts, ranges={r: rng[r] for r in prod.lhs_indices})(
+        **{n: v for n, v in {**values, **others}.items() if n in (*prod.arrays, *prod.params)})
+    yk = make(str(total), **opts)
+    arrays = {**values, **others, prod.output: P}
+    ys = tf.Spec.of(yk, arrays)
+    made = statement_gradients(ys, ys.scalar_values(arrays), needs, gout, None,
+                               [arrays[n] for n in ys.tensors])
+    return None if made is None else {n: made[n] for n in needs}
+
+
+def _np_values(eq, values: dict) -> dict:
+    """Zero-stride zeros of the tensors' shapes (index arrays with their values): enough to
+    infer ranges and print bounds."""
     index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
     arrays = {}
     for n, t in values.items():
@@ -202,6 +246,14 @@ def _statements(sub, spec, others: dict, values: dict, gout):
             arrays[n] = tf.to_numpy(t)
         else:
             arrays[n] = np.zeros((), dt) if n in eq.params else tf.placeholder(t.shape, dt)
+    return arrays
+
+
+def _statements(sub, spec, others: dict, values: dict, gout):
+    """(derivation, {input: [statements]}) for these shapes: the statements print the bounds
+    of the last vjp, so a vjp runs first on zero-stride zeros of the right shapes (index
+    arrays with their values)."""
+    arrays = _np_values(sub.equation, values)
     with torch.no_grad():
         sub.vjp(tf.placeholder(gout.shape, tf.np_compute_dtype(gout.dtype)), **arrays,
                 **others)
