@@ -2,7 +2,8 @@
 
     python benchmarks/bench_layers.py [--quick] [--threads 1 2] [--tag NAME] [--only conv1d ...]
 
-Workloads: conv1d, conv2d (NCHW and NHWC), depthwise conv1d, causal attention (B8 T128 H8
+Competitors: tullio_py's torch frontend, torch, and jax.jit (XLA, when jax is installed) for the
+layers XLA has an op for.  Workloads: conv1d, conv2d (NCHW and NHWC), depthwise conv1d, causal attention (B8 T128 H8
 D64; against einsum + masked softmax and against scaled_dot_product_attention), layer norm
 4096x512 in three statements, LocallyConnected2d (batch 16, 8->16, 32x32, 3x3; against unfold
 + einsum), 2x2 max-pool, embedding-bag (sum), softmax.  Each forward (no grad) and forward +
@@ -146,7 +147,69 @@ def workloads(torch, quick: bool):
         return sm_y(e=e, z=sm_z(e=e))
     W["softmax"] = (lambda: {"x": rand(4096, 512)},
                     {"torch": lambda a: torch.softmax(a["x"], -1), "tullio_py": sm_tullio})
+    _add_jax(W, n_feat, (B, H, T, D), scale)
     return W
+
+
+class JaxLayer:
+    """A competitor written in jax.numpy: forward and forward+backward (jax.vjp) each compiled
+    by jax.jit; inputs arrive as torch tensors and are copied to jax arrays once, outside the
+    timing."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _add_jax(W, n_feat, bhtd, scale):
+    """jax.jit versions of the layers XLA has an op for (skipped when jax is not installed)."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return
+    lax = jax.lax
+
+    def conv(x, w, spec, groups=1):
+        return lax.conv_general_dilated(x, w, (1,) * (x.ndim - 2), "VALID",
+                                        dimension_numbers=spec, feature_group_count=groups)
+    jx = {
+        "conv1d": lambda a: conv(a["x"], a["w"], ("NCH", "OIH", "NCH")),
+        "conv2d_nchw": lambda a: conv(a["x"], a["w"], ("NCHW", "OIHW", "NCHW")),
+        "conv2d_nhwc": lambda a: conv(a["x"], a["w"], ("NHWC", "HWIO", "NHWC")),
+        "depthwise_conv1d": lambda a: conv(a["x"], a["w"][:, None, :], ("NCH", "OIH", "NCH"),
+                                           groups=a["w"].shape[0]),
+        "layer_norm": lambda a: ((a["x"] - a["x"].mean(-1, keepdims=True))
+                                 * lax.rsqrt(a["x"].var(-1, keepdims=True) + 1e-5)
+                                 * a["g"] + a["b"]),
+        "softmax": lambda a: jax.nn.softmax(a["x"], -1),
+        "max_pool2d": lambda a: lax.reduce_window(a["x"], -jnp.inf, lax.max, (1, 1, 2, 2),
+                                                  (1, 1, 2, 2), "VALID"),
+        "causal_attention": lambda a: jax.nn.dot_product_attention(
+            *(jnp.swapaxes(a[n], 1, 2) for n in "qkv"), scale=scale,
+            is_causal=True).swapaxes(1, 2),
+    }
+    for name, fn in jx.items():
+        if name in W:
+            W[name][1]["jax"] = JaxLayer(fn)
+
+
+def _jax_calls(layer, inputs, g):
+    """(forward, forward+backward) callables on jax copies of the inputs; each waits for its
+    result.  The forward+backward returns (output, {name: gradient}) like _fwd_bwd."""
+    import jax
+    import jax.numpy as jnp
+    arrays = {n: jnp.asarray(v.detach().numpy()) for n, v in inputs.items()}
+    diff = {n: v for n, v in arrays.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+    rest = {n: v for n, v in arrays.items() if n not in diff}
+    fwd = jax.jit(lambda d: layer.fn({**d, **rest}))
+
+    def both(d, g):
+        y, back = jax.vjp(lambda d: layer.fn({**d, **rest}), d)
+        return y, back(g)[0]
+    fb = jax.jit(both)
+    jg = jnp.asarray(g.numpy())
+    return (lambda: jax.block_until_ready(fwd(diff)),
+            lambda: jax.block_until_ready(fb(diff, jg)))
 
 
 # ----------------------------------------------------------------------------- one process
@@ -165,13 +228,27 @@ def run_worker(threads: int, quick: bool, only) -> dict:
         ref = _fwd_bwd(ref_fn, ref_in, torch, seed=1)
         inputs = {n: v.float() for n, v in ref_in.items()}
         res = {}
+        g = _cotangent(ref[0], torch, seed=1).float()
+        jax_calls = {}
         for comp, fn in comps.items():
-            got = _fwd_bwd(fn, inputs, torch, seed=1)       # warm-up (compiles) and check
+            if isinstance(fn, JaxLayer):
+                jax_calls[comp] = f, fb = _jax_calls(fn, inputs, g)
+                f()                                          # warm-up (compiles) and check
+                y, grads = fb()
+                got = (torch.from_numpy(np.asarray(y)), {n: torch.from_numpy(np.asarray(v))
+                                                         for n, v in grads.items()})
+            else:
+                got = _fwd_bwd(fn, inputs, torch, seed=1)   # warm-up (compiles) and check
             _check(name, comp, got, ref, torch)
             res[comp] = {"fwd": [], "fwd_bwd": []}
-        g = _cotangent(ref[0], torch, seed=1).float()
         for _ in range(rounds):
             for comp, fn in comps.items():
+                if comp in jax_calls:
+                    for mode, call in zip(("fwd", "fwd_bwd"), jax_calls[comp]):
+                        t = time.perf_counter()
+                        call()
+                        res[comp][mode].append(time.perf_counter() - t)
+                    continue
                 res[comp]["fwd"].append(_time_fwd(fn, inputs, torch))
                 res[comp]["fwd_bwd"].append(_time_fwd_bwd(fn, inputs, g, torch))
         out[name] = {c: {k: float(np.median(v)) * 1e3 for k, v in r.items()}
@@ -242,6 +319,9 @@ def main():
     for n in args.threads:
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n),
                    MKL_NUM_THREADS=str(n), NUMBA_NUM_THREADS=str(n))
+        if n == 1:          # XLA's CPU client: one thread for its Eigen pool and its ops
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+                                " intra_op_parallelism_threads=1").strip()
         cmd = [sys.executable, __file__, "--worker", str(n)] + (["--quick"] if args.quick else [])
         cmd += ["--only", *args.only] if args.only else []
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -289,7 +369,7 @@ def plot(report, path):
         ax.set_yscale("log")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
         ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
-        ax.set_title(f"{mode}: tullio_py time / best torch time (below 1: tullio_py faster)")
+        ax.set_title(f"{mode}: tullio_py time / best competitor time (below 1: tullio_py faster)")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -184,11 +184,49 @@ def run_torch():
 
 
 def run_jax():
+    """XLA through jax.jit (CPU): the same workloads written with jax.numpy, compiled before
+    timing; every timed call waits for its result (block_until_ready)."""
     try:
-        import jax  # noqa: F401
+        import jax
+        import jax.numpy as jnp
     except ImportError:
         print("  jax: not installed, skipped", flush=True)
         return
+    jA, jB, jM = jnp.asarray(A), jnp.asarray(B), jnp.asarray(M)
+    jx, jW, jd = jnp.asarray(x), jnp.asarray(W), jnp.asarray(dout)
+    ja4, jb4 = jnp.asarray(a4), jnp.asarray(b4)
+    s_i, t_i, i_i, j_i = (jnp.asarray(v) for v in (si, ti, ii, jj))
+
+    def lc_fwd(x, W):             # windows of x and the matching weights, one einsum (as numpy)
+        xw = jnp.stack([jnp.stack([x[i:i + SO, j:j + TO] for j in range(K)], -1)
+                        for i in range(K)], -2)                   # (s, t, c1, b, i, j)
+        Weff = W[s_i + i_i, t_i + j_i, i_i, j_i]                  # (s, t, i, j, c1, c2)
+        return jnp.einsum("stcbij,stijcd->stdb", xw, Weff)
+
+    def lc_fwd_shifts(x, W):      # one batched contraction per window offset, summed
+        return sum(jnp.einsum("stcb,stcd->stdb", x[i:i + SO, j:j + TO],
+                              W[i:i + SO, j:j + TO, i, j]) for i in range(K) for j in range(K))
+
+    def lc_grad(x, W, g):
+        _, back = jax.vjp(lc_fwd, x, W)
+        return back(g)
+
+    def timed(f, *args):
+        f = jax.jit(f)
+        return lambda: jax.block_until_ready(f(*args))
+
+    record("matmul 512", "jax.jit einsum", timed(lambda a, b: jnp.einsum("ij,jk->ik", a, b),
+                                                 jA, jB), REF["matmul"])
+    record("local conv fwd", "jax.jit windows+einsum", timed(lc_fwd, jx, jW), REF["conv"])
+    record("local conv fwd", "jax.jit shifted einsums", timed(lc_fwd_shifts, jx, jW),
+           REF["conv"])
+    grad = timed(lc_grad, jx, jW, jd)
+    gx, gW = grad()
+    check("local conv grad", "jax dx", gx, REF["dx"])
+    check("local conv grad", "jax dW", gW, REF["dW"])
+    record("local conv grad", "jax.jit vjp", grad)
+    record("row max 2000x2000", "jax.jit max", timed(lambda m: jnp.max(m, 1), jM), REF["max"])
+    record("matmul 4x4", "jax.jit A@B", timed(lambda a, b: a @ b, ja4, jb4), REF["mm4"])
 
 
 def run_numba():
