@@ -170,3 +170,17 @@ def test_device_byte_ranges_agree_with_numpy_bounds():
         for b in views:
             want = np.may_share_memory(a, b) and a.size > 0 and b.size > 0
             assert overlap.device_overlaps(_Device(a), _Device(b)) == want, (a.shape, b.shape)
+
+
+OWN = {"=": lambda y, x: y * x.sum(1), "+=": lambda y, x: y + y * x.sum(1),
+       "*=": lambda y, x: y * np.prod(y[:, None] * x, axis=1)}
+
+
+@pytest.mark.parametrize("op", list(OWN))
+def test_reduction_reading_its_own_output_element(op):
+    """`y[i] += y[i] * x[i,j]`: the read of y[i] is loaded once per i (a hoisted read), the
+    write still goes to y's memory, not to that local."""
+    y, x = _values(3, 1), _values((3, 4), 2)
+    want = OWN[op](y.copy(), x)
+    kernel(f"y[i] {op} y[i] * x[i,j]")(y=y, x=x)
+    np.testing.assert_allclose(y, want, rtol=1e-13)

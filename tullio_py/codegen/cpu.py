@@ -178,7 +178,7 @@ def _row(nest: Nest):
     direct = not eq.finaliser and not reads_out and (
         assign in (":=", "=") or (red == "+" and assign in ("+=", "-="))
         or (red == "*" and assign == "*="))
-    lhs = x.access(eq.lhs)
+    lhs = x.plain_access(eq.lhs)
     acc = f"_accv[{r} - _start_{r}]"
     alloc = f"_accv = _np.empty(max(_stop_{r} - _start_{r}, 0), _T)"
     nest.emit_hoists(-1)
@@ -234,7 +234,7 @@ def _scatter(nest: Nest):
     n = len(plan.loops)
     red, assign = eq.reducer, eq.assign
     ident = identity_code(red, dtype)
-    lhs = x.access(eq.lhs)
+    lhs = x.plain_access(eq.lhs)
     # A left-hand pad(...) position (the gradient of a padded gather) drops the writes that
     # fall outside the output.
     idx = [x.slot(s, eq.output, d) for d, s in enumerate(eq.lhs.indices)]

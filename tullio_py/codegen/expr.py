@@ -143,7 +143,7 @@ class Expr:
     def lhs(self) -> str:
         """The left-hand side element: `out[0]` for a scalar result."""
         eq = self.eq
-        return self.access(eq.lhs) if eq.lhs.indices else f"{eq.output}[0]"
+        return self.plain_access(eq.lhs) if eq.lhs.indices else f"{eq.output}[0]"
 
     def expr(self, e) -> str:
         return self.typed(e)[0]
