@@ -251,6 +251,8 @@ SUB = kernel("y[i] -= x[i,j] * w[j]")
 SET_READ = kernel("y[2i] = x[i] * y[2i+1]")      # '=' reading other elements of its output
 SET_PART = kernel("y[i+1] = x[i] * x[i]")         # '=' writing part of its output
 ON_Y = kernel("C[i] := A[i,j] * y[j]")
+MUL = kernel("y[i] *= x[i,j] * w[j]")
+MUL_OWN = kernel("y[i] *= y[i] * x[i,j]")       # '*=' reading its own old value
 
 
 def _updated(k, y0, **arrays):
@@ -287,6 +289,39 @@ def test_in_place_assignment_gradcheck(which):
         want[1:4] = x.detach() ** 2
     torch.testing.assert_close(f(y0, x), want)
     assert torch.autograd.gradcheck(f, (y0, x))
+
+
+def _zeros_data():
+    y0 = torch.tensor([0., 1.5, -2, 0.5], dtype=F64)
+    x = torch.tensor([[0., 1, 2], [0, 0, 3], [1, 2, 3], [0.5, -1, 2]], dtype=F64)
+    return y0, x
+
+
+@pytest.mark.parametrize("w", [[0.5, 0, 2], [0.5, 1.1, 2]], ids=["zero_w", "nonzero_w"])
+def test_in_place_multiply_gradcheck_with_zeros(w):
+    """y *= prod_j x[i,j]*w[j]: the old value's gradient is the factor, the inputs' reads the
+    old value; exact with zeros in the old value, in x (one and two per row) and in w."""
+    y0, x = _zeros_data()
+    args = [y0.requires_grad_(), x.requires_grad_(), torch.tensor(w, dtype=F64).requires_grad_()]
+
+    def f(y0, x, w):
+        return _updated(MUL, y0, x=x, w=w)
+    torch.testing.assert_close(f(*args), args[0] * (args[1] * args[2]).prod(1))
+    assert torch.autograd.gradcheck(f, args)
+
+
+def test_in_place_multiply_reading_its_own_value_gradcheck():
+    y0, x = _zeros_data()
+    args = [y0.requires_grad_(), x.requires_grad_()]
+
+    def f(y0, x):
+        return _updated(MUL_OWN, y0, x=x)
+    torch.testing.assert_close(f(*args), args[0] ** 4 * args[1].prod(1))
+    assert torch.autograd.gradcheck(f, args)
+    (gy,) = torch.autograd.grad(f(*args).sum(), [args[0]], create_graph=True)
+    from tullio_py.errors import GradientError
+    with pytest.raises(GradientError, match="double backward"):
+        torch.autograd.grad(gy.sum(), [args[1]])
 
 
 def test_in_place_follows_torch_rules():

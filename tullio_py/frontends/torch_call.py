@@ -45,12 +45,12 @@ def call(kernel, arrays: dict):
 
 
 def _in_place(kernel, arrays: dict, tensors: dict):
-    """`=`, `+=`, ... into a tensor's own memory; with tensors that require grad, `=`, `+=`
-    and `-=` into a float tensor are differentiable (torch_inplace.py), `*=` is an error."""
+    """`=`, `+=`, ... into a tensor's own memory; with tensors that require grad, every
+    in-place form into a float tensor is differentiable (torch_inplace.py)."""
     eq = kernel.equation
     out = arrays[eq.output]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()) \
-            and eq.assign != "*=" and isinstance(out, torch.Tensor) and out.dtype not in HALF \
+            and isinstance(out, torch.Tensor) and out.dtype not in HALF \
             and (out.is_floating_point() or out.is_complex()) \
             and not out.is_conj() and not out.is_neg():
         from .torch_inplace import InPlace     # differentiable, with the Tape's semantics

@@ -6,7 +6,10 @@ runs later raises torch's "modified by an inplace operation" error; an in-place 
 leaf that requires grad is torch's error too).  Backward follows the Tape's overwrite semantics
 (tape.py): the inputs get the statement's vjp, with the old value of the output as an input of
 its own where the right side reads it; the old value's gradient passes through `+=` and `-=`
-unchanged, and `=` zeroes it on the elements it writes.  `*=` stays an error here.
+unchanged, `=` zeroes it on the elements it writes, and `*=` (`y = y_old * F`) multiplies it
+by the factor F (the statement run on ones) while the inputs' vjp reads y_old: exact with zeros
+in y_old or in the factors, no division.  A derivative of these gradients (create_graph, then
+backward again) is a GradientError.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ class InPlace(torch.autograd.Function):
         kernel, eq = spec.kernel, spec.kernel.equation
         values = dict(zip(spec.tensors, tensors))
         out = values[eq.output]
-        old = out.detach().clone() if eq.output in eq.arrays else None
+        old = out.detach().clone() if eq.output in eq.arrays or eq.assign == "*=" else None
         np_arrays = {n: tf.param_value(t) if n in eq.params else tf.to_numpy(t)
                      for n, t in values.items()}
         np_arrays[eq.output] = out.detach().numpy()     # its own memory (checked by the caller)
@@ -54,15 +57,22 @@ class InPlace(torch.autograd.Function):
         arrays[eq.output] = tf.to_numpy(post)          # the value after the statement
         gnp = tf.to_numpy(g.contiguous())
         with torch.no_grad(), tf.jit.thread_budget(torch.get_num_threads()):
+            k, old = spec.kernel, None
             if eq.output in eq.arrays:                  # reads its own old value
                 k, old = tape_mod.old_value_kernel(spec.kernel)
                 arrays[old] = tf.to_numpy(saved[-1])
-                grads = k.vjp(gnp, **arrays)
-                read = grads.pop(old, None)
-            else:
-                grads, read = spec.kernel.vjp(gnp, **arrays), None
+            if eq.assign == "*=":
+                # y = y_old * F(inputs): F element by element is the statement run on ones
+                # (1 where it does not write); the inputs' vjp reads y_old as the output
+                factor = np.ones(gnp.shape, np.result_type(gnp.dtype, arrays[eq.output].dtype))
+                k(**{**arrays, eq.output: factor})
+                arrays[eq.output] = tf.to_numpy(saved[-1])
+            grads = k.vjp(gnp, **arrays)
+            read = grads.pop(old, None) if old is not None else None
         if eq.assign == "=":
             keep = np.zeros_like(gnp) if ctx.mask is None else gnp * ~ctx.mask
+        elif eq.assign == "*=":                         # the old value times the factor
+            keep = gnp * factor
         else:                                           # '+=', '-=': passes through
             keep = gnp
         if read is not None:
