@@ -20,7 +20,7 @@ STAGE = {
     "codegen.text": 4.5, "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7,
     "codegen.expr": 4.7, "codegen.nest": 4.8, "codegen.cpu": 5, "codegen.cuda": 5.5,
     "codegen.fused": 5.5, "codegen.__init__": 6, "codegen": 6, "jit": 7, "callpath": 8,
-    "tape": 8, "frontends.cuda": 8, "frontends.cuda_vjp": 8.5, "gradient_kernel": 9,
+    "tape": 8, "frontends.cuda": 8, "vjp_plan": 8.1, "vjp_run": 8.2, "frontends.cuda_vjp": 8.5, "gradient_kernel": 9,
     "tangent_kernel": 9.2, "frontends.vjp": 9.3, "explain": 9.5, "frontends.dask_graph": 9.6,
     "frontends.dask": 9.7, "frontends.torch": 9.8, "frontends.torch_autograd": 9.85,
     "frontends.torch_inplace": 9.86, "frontends.torch_ops": 9.9, "frontends.torch_call": 9.95, "kernel": 10, "nn": 14,

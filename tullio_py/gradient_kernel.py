@@ -20,16 +20,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import bind as binding
-from . import codegen, grad as grad_mod, grad_print, jit, memo, rewrite, schedule
-from .codegen import fused
+from . import grad as grad_mod, grad_print, jit, memo, rewrite, schedule, vjp_plan, vjp_run
 from .errors import GradientError, SummationWarning
-from .signature import CallSignature
+from .signature import ArraySig, CallSignature
 from .ir import Access, Affine, Compare, Const, Equation, Param, Wrapped
-
-
-def run_on(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
-    """Call Kernel k with the given index ranges (no range inference) into `out`."""
-    return k.run_with_ranges(arrays, rng, out, params)
 
 
 def _value_only_indices(eq: Equation) -> list[str]:
@@ -38,19 +32,10 @@ def _value_only_indices(eq: Equation) -> list[str]:
     return [n.name for n in walk(eq.rhs) if isinstance(n, IndexValue) and n.name not in bracketed]
 
 
-def pick(eq: Equation, ns: dict, params: dict) -> dict:
-    """The arrays and scalar parameters a statement reads (a helper's scalar result, a 0-d
-    array, is read as a parameter: it prints, and compiles, without brackets)."""
-    out = {}
-    for n in (*eq.arrays, *eq.params):
-        v = params[n] if n in params else ns[n]
-        out[n] = v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
-    return out
-
-
 @dataclass(frozen=True)
 class _CallState:
-    """What a vjp call runs, fixed by the shapes, dtypes and strides of its arrays."""
+    """What a vjp call checks and derives, fixed by the shapes, dtypes and strides of its
+    arrays (how its statements run is its VjpPlan, vjp_plan.py)."""
     d: object                   # grad.Derivation
     rng: dict                   # the forward's index ranges
     params: dict                # helper parameters (lengths of ranges, ...)
@@ -59,8 +44,7 @@ class _CallState:
     helpers: list               # (statement, Kernel)
     grads: list                 # (input, gradient dtype, [(statement, Kernel, ranges)])
     gathers: bool               # index arrays: checked again on every call
-    steps: list                 # how the statements run (Gradient._steps), filled on first use
-
+    complex_mode: bool = False  # some array read, or the cotangent, is complex
 
 
 def learnable_scalars(eq: Equation, arrays: dict) -> dict:
@@ -75,8 +59,9 @@ class Gradient:
     def __init__(self, forward):
         self.fwd = forward
         self._kernels = memo.Memo("gradient.kernels", 256)   # statement -> Kernel
-        self._fused = memo.Memo("gradient.fused", 64)       # compile keys -> (function, source)
+        self._fused = memo.Memo("gradient.fused", 64)       # compile key -> fused function
         self._states = memo.Memo("gradient.states", 32)     # call signature -> _CallState
+        self._plans = memo.Memo("gradient.plans", 32)       # call signature -> (VjpPlan, kernels)
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
 
     @property
@@ -131,10 +116,14 @@ class Gradient:
             call[eq.output] = out_value if out_value is not None else np.zeros(cot.shape, cot.dtype)
         collected = binding.collect(eq, call)
         # Everything that depends only on shapes, dtypes and strides is worked out once per
-        # call signature (ranges, derivation, kernels, fusion); gathers read index values, so
-        # their checks run on every call.
-        sig = CallSignature.of(collected, None, cot.dtype, cot.shape,
-                               tuple((n, a.dtype.str) for n, a in scalars.items()))
+        # call signature (ranges, derivation, kernels, the plan of the steps); gathers read
+        # index values, so their checks run on every call (and ranges may change: the plan is
+        # remembered per ranges too).  The plan's BLAS and fusion choices also depend on the
+        # layout of the cotangent and of a given ':=' output.
+        sig = CallSignature.of(collected, None, cot.dtype, cot.shape, (
+            tuple((n, a.dtype.str) for n, a in scalars.items()), cot.strides,
+            ArraySig.of(eq.output, out_value) if eq.assign == ":=" and out_value is not None
+            else None))
         st = self._states.get(sig)
         if st is None or st.gathers:
             st = self.call_state(collected, cot, scalars)
@@ -145,16 +134,17 @@ class Gradient:
         if st.reads_output and eq.output not in ns:
             ns[eq.output] = (out_value if out_value is not None else
                              k(**{n: v for n, v in call.items() if n != eq.output or eq.assign != ":="}))
+        key = (sig, tuple(rng.items())) if st.gathers else sig
+        hit = self._plans.get(key)
+        if hit is None:
+            inputs = {name: scalars.get(name, collected.get(name)) for name, _ in d.grads}
+            p = vjp_plan.plan(d, rng, params, ns, cot.shape, cot.dtype, inputs,
+                              st.complex_mode, self.kernel_for, k.options.fuse)
+            hit = self._plans[key] = (p, tuple(self.kernel_for(s.equation) for s in p.statements))
+        p, kernels = hit
         record = {}
-        for h, hk in st.helpers:
-            dtype = self.helper_dtype(h, {**ns, **params})
-            ns[h.output] = np.zeros(cot.shape, dtype)
-            record[str(h)] = run_on(hk, pick(h, ns, params), rng, ns[h.output], params)
-        result, jobs = {}, []
-        for name, dtype, eqs in st.grads:
-            result[name] = dx = np.zeros(np.shape(scalars.get(name, collected[name])), dtype)
-            jobs += [(g, gk, pick(g, ns, params), grng, dx) for g, gk, grng in eqs]
-        self._run_jobs(jobs, params, record, st)
+        result = vjp_run.run(p, vjp_run.Host(kernels, params, record, self.fused_function,
+                                             k.threads), ns)
         for name in result:
             x, dx = scalars.get(name, collected[name]), result[name]
             if x.dtype.kind != "c" and dx.dtype.kind == "c":
@@ -178,80 +168,25 @@ class Gradient:
         real = self.real_inputs(eq, collected) + tuple(
             n for n, a in scalars.items() if a.dtype.kind != "c")
         d = self.derivation(complex_mode, real, tuple(scalars))
-        grads = []
-        for name, eqs in d.grads:
-            x = scalars.get(name, collected[name])
-            if x.dtype.kind not in "fc":
-                continue        # (no statements: the gradient simplified to zero, and is zero)
-            dtype = self.gradient_dtype(x.dtype, cot.dtype, complex_mode)
-            grads.append((name, dtype, [(g, self.kernel_for(g), self.clip_bare(g, rng, x.shape))
-                                        for g in eqs]))
+        inputs = {name: scalars.get(name, collected.get(name)) for name, _ in d.grads}
+        grads = [(name, dtype, [(g, self.kernel_for(g), grng) for g, grng in eqs])
+                 for name, _, _, dtype, eqs in vjp_plan.gradient_arrays(
+                     d, rng, inputs, cot.dtype, complex_mode)]
         shapes.update({n: () for n in scalars})
         all_shapes = {**shapes, eq.output: cot.shape, d.cotangent: cot.shape,
                       **{h.output: cot.shape for h in d.helpers},
                       **{dn: shapes[n] for n, dn in d.gradient_names}}
         return _CallState(d, rng, self.params_for(d, rng), all_shapes,
                           self.reads(d, eq.output), [(h, self.kernel_for(h)) for h in d.helpers],
-                          grads, bool(eq.gathers()), [])
+                          grads, bool(eq.gathers()), complex_mode)
 
-    def _run_jobs(self, jobs: list, params: dict, record: dict, st: "_CallState"):
-        """Run the gradient statements; those that share their loops run as one fused kernel
-        (fused.py) unless the forward kernel has fuse=False.  Which statements run how is
-        decided on the first call of a signature and replayed after."""
-        if not st.steps:
-            st.steps.extend(self._steps(jobs))
-        for step in st.steps:
-            if step[0] == "own":
-                g, gk, arrays, grng, out = jobs[step[1]]
-                record[step[2]] = run_on(gk, arrays, grng, out, params)
-                continue
-            _, members, fn, source, bound, rng, outputs, texts = step
-            named = dict(bound)
-            for k, name in zip(members, outputs):
-                named.update(jobs[k][2])
-                out = jobs[k][4]
-                named[name] = out.reshape(1) if out.ndim == 0 else out    # (a view)
-            args = [codegen.range_argument(a, rng) if a.startswith(("_start_", "_stop_")) else
-                    params[a] if a in params else named[a] for a in source.args]
-            jit.call(fn, args, source.parallel,
-                     schedule.thread_count(self.fwd.threads, jit.max_threads()))
-            for text in texts:
-                record[text] = ("fused", source)
-
-    def _steps(self, jobs: list) -> list:
-        """("own", job, text) per statement run alone (its kernel, or BLAS), and one
-        ("fused", jobs, fn, source, bound parameters, ranges, outputs, texts) for those that
-        share a loop nest."""
-        steps, loops = [], []
-        for k, (g, gk, arrays, grng, out) in enumerate(jobs):
-            if (self.fwd.options.fuse and gk.target in ("auto", "cpu")
-                    and not gk.uses_blas(arrays, grng, out)):
-                loops.append((k, *gk.plan_for(arrays, grng, out.dtype, out.shape)))
-            else:
-                steps.append(("own", k, str(g)))
-        key = tuple(j[2] for j in loops)
-        entry = self._fused_kernel([j[1] for j in loops], [j[3].ranges for j in loops], key)
-        if entry is False:
-            return steps + [("own", j[0], str(jobs[j[0]][0])) for j in loops]
-        fn, source = entry
-        bound = {}
-        for j in loops:
-            bound.update(j[3].bound_params)
-        return steps + [("fused", [j[0] for j in loops], fn, source, bound, loops[0][3].ranges,
-                         [j[1].equation.output for j in loops],
-                         [str(jobs[j[0]][0]) for j in loops])]
-
-    def _fused_kernel(self, plans: list, ranges: list, key: tuple):
-        """(function, source) of the fused loop nest, or False when the statements cannot
-        share one."""
-        if not fused.fusable(plans, ranges):
-            return False
-        entry = self._fused.get(key)
-        if entry is None:
-            source = fused.render(schedule.fuse(plans))
-            entry = self._fused[key] = (jit.load(source, "cpu", signature="; ".join(
-                k.arguments for k in key)), source)
-        return entry
+    def fused_function(self, f: vjp_plan.Nest):
+        """The compiled function of a fused loop nest (compiled once per compile key)."""
+        fn = self._fused.get(f.key)
+        if fn is None:
+            fn = self._fused[f.key] = jit.load(f.source, "cpu", signature="; ".join(
+                k.arguments for k in f.key))
+        return fn
 
     @staticmethod
     def real_inputs(eq: Equation, arrays: dict) -> tuple[str, ...]:
@@ -259,55 +194,12 @@ class Gradient:
         return tuple(n for n in eq.arrays if n in arrays and hasattr(arrays[n], "dtype")
                      and np.dtype(arrays[n].dtype).kind != "c")
 
-    @staticmethod
-    def gradient_dtype(x, cot, complex_mode: bool) -> np.dtype:
-        """The dtype a gradient accumulates in: complex for a complex input, else real (a
-        real input of a complex statement takes the real part), never narrower than the
-        input or the cotangent."""
-        x, cot = np.dtype(x), np.dtype(cot)
-        if complex_mode and x.kind == "c":
-            return np.result_type(x, cot, np.complex64)
-        return np.result_type(x, np.finfo(cot).dtype if cot.kind == "c" else cot)
-
-    @staticmethod
-    def helper_dtype(h: Equation, values: dict) -> np.dtype:
-        """The dtype of a helper statement's array: numpy's result type of the arrays it
-        reads, real where complex values reach it only through abs/real/imag (the argmax
-        helper of `(max) m[i] := abs(z[i,j])`).  `values`: arrays (host or device) and
-        scalars by name."""
-        dtype = np.result_type(*[np.dtype(values[a.array].dtype) for a in h.accesses()])
-        if dtype.kind == "c" and binding.result_dtype(h, values).kind != "c":
-            return np.finfo(dtype).dtype
-        return dtype
-
-    @staticmethod
-    def reads(d, name) -> bool:
-        return any(grad_mod.uses_array(e, name) for e in d.helpers) or any(
-            grad_mod.uses_array(e, name) for _, eqs in d.grads for e in eqs)
-
-    @staticmethod
-    def params_for(d, rng) -> dict:
-        out = {}
-        for name, (kind, what) in d.params:
-            if kind == "len":
-                out[name] = len(rng[what])
-            else:   # one past the largest linear index of the reduction's tuples
-                lin = rng[what[0]].stop - 1
-                for n in what[1:]:
-                    lin = lin * len(rng[n]) + rng[n].stop - 1
-                out[name] = lin + 1
-        return out
-
-    @staticmethod
-    def clip_bare(g: Equation, rng: dict, shape) -> dict:
-        """A bare left-hand index never leaves the gradient array (it can, when the forward
-        read was `pad(i, lo, hi)`: those tuples only touched the padding)."""
-        out = dict(rng)
-        for d, s in enumerate(g.lhs.indices):
-            if isinstance(s, Affine) and s.is_bare:
-                r = out[s.names[0]]
-                out[s.names[0]] = range(max(r.start, 0), max(max(r.start, 0), min(r.stop, shape[d])))
-        return out
+    # the rules a plan follows (vjp_plan.py), for the frontends that take the statements apart
+    gradient_dtype = staticmethod(vjp_plan.gradient_dtype)
+    helper_dtype = staticmethod(vjp_plan.helper_dtype)
+    reads = staticmethod(vjp_plan.reads)
+    params_for = staticmethod(vjp_plan.params_for)
+    clip_bare = staticmethod(vjp_plan.clip_bare)
 
     # ------------------------------------------------------------------ printing
     def equations(self) -> dict[str, list[str]]:

@@ -13,7 +13,9 @@ import numpy as np
 
 from . import bind as binding, tangent as tangent_mod
 from .errors import ArgumentError, GradientError, SummationWarning
-from .gradient_kernel import learnable_scalars, pick, run_on
+from .gradient_kernel import learnable_scalars
+from .vjp_plan import pick
+from .vjp_run import run_on
 
 
 class Tangent:

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from .. import bind as binding
+from .. import bind as binding, vjp_plan, vjp_run
 from . import cuda as dev_mod
 from ..errors import ArgumentError, GradientError
 
@@ -54,36 +54,47 @@ def vjp(gradient, cotangent, arrays: dict) -> dict:
     complex_mode = any(np.dtype(d.dtype).kind == "c" for d in [*dev.values(), cot]) or any(
         isinstance(v, complex) for v in params.values())
     d = gradient.derivation(complex_mode, gradient.real_inputs(eq, dev))
-    gparams = gradient.params_for(d, rng)
+    gparams = vjp_plan.params_for(d, rng)
     ns = {n: v for n, v in dev.items() if n != eq.output or eq.output in eq.arrays}
     # a scalar output's cotangent is a scalar parameter of the gradient statements
     ns[d.cotangent] = dev_mod.host_scalar(cot) if not cot.shape else cot
-    if gradient.reads(d, eq.output) and eq.output not in ns:
+    if vjp_plan.reads(d, eq.output) and eq.output not in ns:
         if eq.output in dev:
             ns[eq.output] = dev[eq.output]
         else:       # the forward again, on the device
             again = dev_mod.call(k, {**{n: v for n, v in dev.items() if n != eq.output}, **params})
             ns[eq.output] = dev_mod.as_numba(again)
-    stream = dev_mod.stream_for(lib, ref)
-    for h in d.helpers:
-        dtype = gradient.helper_dtype(h, {**ns, **params, **gparams})
-        ns[h.output], _ = dev_mod.alloc(lib, out_shape, dtype, 0, ref)
-        _run(gradient.kernel_for(h), ns, params, gparams, rng, ns[h.output], stream)
-    result = {}
-    for name, eqs in d.grads:
-        x = dev[name]
-        xdt = np.dtype(x.dtype)
-        if xdt.kind not in "fc":
-            continue
-        dtype = gradient.gradient_dtype(xdt, np.dtype(cot.dtype), complex_mode)
-        view, own = dev_mod.alloc(lib, x.shape, dtype, 0, ref)
-        for g in eqs:
-            _run(gradient.kernel_for(g), ns, params, gparams, gradient.clip_bare(g, rng, x.shape),
-                 view, stream)
-        result[name] = _as_dtype(lib, view, own, xdt)
+    plan = vjp_plan.plan(d, rng, gparams, {**ns, **params}, tuple(out_shape), np.dtype(cot.dtype),
+                         {name: dev[name] for name, _ in d.grads}, complex_mode)
+    device = _Device([gradient.kernel_for(s.equation) for s in plan.statements], params,
+                     gparams, lib, ref, dev_mod.stream_for(lib, ref))
+    grads = vjp_run.run(plan, device, ns)
+    result = {n: _as_dtype(lib, g, device.owned[id(g)], np.dtype(dev[n].dtype))
+              for n, g in grads.items()}
     if host_mode:
         return {n: v.copy_to_host() for n, v in result.items()}
     return result
+
+
+class _Device:
+    """The GPU frontend of vjp_run: zeroed arrays from the inputs' library, one kernel
+    launch per statement."""
+
+    def __init__(self, kernels, params: dict, gparams: dict, lib: str, ref, stream):
+        self.kernels, self.params, self.gparams = kernels, params, gparams
+        self.lib, self.ref, self.stream = lib, ref, stream
+        self.owned = {}         # id(numba view) -> the library's array it views
+
+    def zeros(self, a):
+        view, own = dev_mod.alloc(self.lib, a.shape, a.dtype, 0, self.ref)
+        self.owned[id(view)] = own
+        return view
+
+    def launch(self, plan, step, ns: dict):
+        for k in step.members:
+            s = plan.statements[k]
+            _run(self.kernels[k], ns, self.params, self.gparams, dict(s.ranges), ns[s.output],
+                 self.stream)
 
 
 def _contiguous(v) -> np.ndarray:

@@ -1,0 +1,223 @@
+"""The plan of a vjp call: which gradient statements run how, decided once per call signature.
+
+`Kernel.vjp` runs the helper statements (`:=` arrays the gradients read, e.g. the argmax of a
+`(max)` reduction) and then the gradient statements accumulating into zeroed `d<x>` arrays,
+each over the FORWARD's index ranges (gradient_kernel.py says why).  What depends only on the
+shapes, dtypes and strides of a call is planned here, as frozen data (no arrays, no compiled
+functions):
+
+- `Array`: a zero-filled array the run allocates (a helper's result or a gradient), its shape
+  and dtype;
+- `Statement`: a helper or gradient statement, the array it writes and the ranges it iterates;
+- `Step`: how statements run: "loops" (its own kernel), "blas" (its own kernel hands the call
+  to BLAS: blas.py / blas_shift.py), or "fused" (several statements sharing one loop nest,
+  codegen/fused.py, with the rendered source in `Nest`);
+- `VjpPlan`: all of it, in run order.
+
+vjp_run.py runs a plan with numpy arrays, frontends/cuda_vjp.py with arrays in GPU memory.  On
+the CPU the steps are chosen by the statements' kernels (`choose`); on the GPU every statement
+is a "loops" step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bind as binding, grad as grad_mod, schedule
+from .codegen import Source, fused
+from .ir import Affine, Equation
+
+Pairs = tuple       # ((name, value), ...): a dict as frozen, ordered data
+
+
+@dataclass(frozen=True)
+class Array:
+    """A zero-filled array of the run: a helper's result (`input` None) or a gradient."""
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    input: str | None = None        # the input whose gradient it holds
+
+
+@dataclass(frozen=True)
+class Statement:
+    equation: Equation
+    text: str                       # str(equation): the key of the run's record
+    output: str                     # the Array it accumulates into
+    ranges: Pairs                   # the forward's index ranges (a bare left index clipped)
+
+
+@dataclass(frozen=True)
+class Nest:
+    """One loop nest running several statements (codegen/fused.py)."""
+    source: Source
+    key: tuple                      # the member statements' compile keys: its compile key
+    outputs: tuple[str, ...]        # the nest's output argument of each member
+    bound: Pairs                    # bound parameters of the members' rewrites
+    ranges: Pairs                   # the (rewritten) ranges the nest iterates
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str                       # "loops", "blas" or "fused"
+    members: tuple[int, ...]        # indices into VjpPlan.statements (one unless fused)
+    fused: Nest | None = None
+
+
+@dataclass(frozen=True)
+class VjpPlan:
+    cotangent: str                  # the cotangent's name in the statements
+    ranges: Pairs                   # the forward's index ranges
+    params: Pairs                   # helper parameters (lengths of ranges, ...)
+    arrays: tuple[Array, ...]       # allocated zeroed before the steps: helpers, then gradients
+    statements: tuple[Statement, ...]   # helpers first, then gradient statements
+    steps: tuple[Step, ...]         # in run order
+
+    @property
+    def gradients(self) -> tuple[Array, ...]:
+        return tuple(a for a in self.arrays if a.input is not None)
+
+
+# ----------------------------------------------------------------------------- planning
+def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs: dict,
+         complex_mode: bool, kernel_for=None, fuse: bool = False) -> VjpPlan:
+    """The plan of derivation `d` for one call signature.  `values`: the arrays (host or
+    device, or stand-ins of their shape, dtype and strides) and scalars the statements read,
+    by name; `inputs`: input -> array (or 0-d parameter) whose gradient is wanted.
+    `kernel_for` (CPU): statement -> Kernel, whose BLAS and loop plans choose the steps, with
+    `fuse` whether statements sharing their loops run as one nest; None: one "loops" step
+    per statement."""
+    values = dict(values)
+    arrays, statements = [], []
+    whole = tuple(rng.items())
+    for h in d.helpers:
+        dtype = helper_dtype(h, {**values, **params})
+        values[h.output] = standin(cot_shape, dtype)
+        arrays.append(Array(h.output, tuple(cot_shape), dtype))
+        statements.append(Statement(h, str(h), h.output, whole))
+    for name, gname, shape, dtype, eqs in gradient_arrays(d, rng, inputs, cot_dtype, complex_mode):
+        values[gname] = standin(shape, dtype)
+        arrays.append(Array(gname, shape, dtype, name))
+        statements += [Statement(g, str(g), gname, tuple(grng.items())) for g, grng in eqs]
+    statements = tuple(statements)
+    if kernel_for is None:
+        steps = tuple(Step("loops", (k,)) for k in range(len(statements)))
+    else:
+        steps = choose(statements, len(d.helpers), [kernel_for(s.equation) for s in statements],
+                       values, params, fuse)
+    return VjpPlan(d.cotangent, whole, tuple(params.items()), tuple(arrays), statements, steps)
+
+
+def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
+           fuse: bool) -> tuple[Step, ...]:
+    """The CPU's steps: helpers one by one; then the gradient statements their kernels hand to
+    BLAS, or that cannot share a loop nest, one by one; then the others as one fused nest
+    when codegen/fused.py can render them together (else one by one)."""
+    steps, loops = [], []
+    for k, (s, gk) in enumerate(zip(statements, kernels)):
+        arrays, rng, out = pick(s.equation, values, params), dict(s.ranges), values[s.output]
+        blas = gk.uses_blas(arrays, rng, out)
+        if k >= helpers and fuse and gk.target in ("auto", "cpu") and not blas:
+            loops.append((k, *gk.plan_for(arrays, rng, out.dtype, out.shape)))
+        else:
+            steps.append(Step("blas" if blas else "loops", (k,)))
+    plans, lows = [j[1] for j in loops], [j[3] for j in loops]
+    if not fused.fusable(plans, [low.ranges for low in lows]):
+        return tuple(steps + [Step("loops", (j[0],)) for j in loops])
+    bound = {}
+    for low in lows:
+        bound.update(low.bound_params)
+    nest = Nest(fused.render(schedule.fuse(plans)), tuple(j[2] for j in loops),
+                 tuple(p.equation.output for p in plans), tuple(bound.items()),
+                 tuple(lows[0].ranges.items()))
+    return tuple(steps + [Step("fused", tuple(j[0] for j in loops), nest)])
+
+
+def gradient_arrays(d, rng: dict, inputs: dict, cot_dtype, complex_mode: bool) -> list:
+    """(input, gradient array, shape, dtype, [(statement, ranges)]) per differentiable input:
+    float and complex inputs only (an integer input's gradient simplified to zero)."""
+    names = dict(d.gradient_names)
+    out = []
+    for name, eqs in d.grads:
+        x = inputs[name]
+        xdt = np.dtype(x.dtype)
+        if xdt.kind not in "fc":
+            continue
+        shape = tuple(np.shape(x)) if isinstance(x, np.ndarray) else tuple(x.shape)
+        out.append((name, names[name], shape, gradient_dtype(xdt, cot_dtype, complex_mode),
+                    [(g, clip_bare(g, rng, shape)) for g in eqs]))
+    return out
+
+
+def standin(shape, dtype) -> np.ndarray:
+    """A C-contiguous array of this shape and dtype backed by one element: what planning
+    looks at (shape, dtype, strides) of an array the run will allocate; never read."""
+    dtype = np.dtype(dtype)
+    strides, step = [], dtype.itemsize
+    for n in reversed(tuple(shape)):
+        strides.insert(0, step)
+        step *= max(n, 1)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), tuple(shape), tuple(strides))
+
+
+def pick(eq: Equation, ns: dict, params: dict) -> dict:
+    """The arrays and scalar parameters a statement reads (a helper's scalar result, a 0-d
+    array, is read as a parameter: it prints, and compiles, without brackets)."""
+    out = {}
+    for n in (*eq.arrays, *eq.params):
+        v = params[n] if n in params else ns[n]
+        out[n] = v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
+    return out
+
+
+# ----------------------------------------------------------------------------- rules
+def gradient_dtype(x, cot, complex_mode: bool) -> np.dtype:
+    """The dtype a gradient accumulates in: complex for a complex input, else real (a real
+    input of a complex statement takes the real part), never narrower than the input or the
+    cotangent."""
+    x, cot = np.dtype(x), np.dtype(cot)
+    if complex_mode and x.kind == "c":
+        return np.result_type(x, cot, np.complex64)
+    return np.result_type(x, np.finfo(cot).dtype if cot.kind == "c" else cot)
+
+
+def helper_dtype(h: Equation, values: dict) -> np.dtype:
+    """The dtype of a helper statement's array: numpy's result type of the arrays it reads,
+    real where complex values reach it only through abs/real/imag (the argmax helper of
+    `(max) m[i] := abs(z[i,j])`).  `values`: arrays (host or device) and scalars by name."""
+    dtype = np.result_type(*[np.dtype(values[a.array].dtype) for a in h.accesses()])
+    if dtype.kind == "c" and binding.result_dtype(h, values).kind != "c":
+        return np.finfo(dtype).dtype
+    return dtype
+
+
+def reads(d, name) -> bool:
+    """Whether a helper or gradient statement of derivation `d` reads array `name`."""
+    return any(grad_mod.uses_array(e, name) for e in d.helpers) or any(
+        grad_mod.uses_array(e, name) for _, eqs in d.grads for e in eqs)
+
+
+def params_for(d, rng) -> dict:
+    """The values of the derivation's helper parameters for the forward's ranges."""
+    out = {}
+    for name, (kind, what) in d.params:
+        if kind == "len":
+            out[name] = len(rng[what])
+        else:   # one past the largest linear index of the reduction's tuples
+            lin = rng[what[0]].stop - 1
+            for n in what[1:]:
+                lin = lin * len(rng[n]) + rng[n].stop - 1
+            out[name] = lin + 1
+    return out
+
+
+def clip_bare(g: Equation, rng: dict, shape) -> dict:
+    """A bare left-hand index never leaves the gradient array (it can, when the forward read
+    was `pad(i, lo, hi)`: those tuples only touched the padding)."""
+    out = dict(rng)
+    for d, s in enumerate(g.lhs.indices):
+        if isinstance(s, Affine) and s.is_bare:
+            r = out[s.names[0]]
+            out[s.names[0]] = range(max(r.start, 0), max(max(r.start, 0), min(r.stop, shape[d])))
+    return out

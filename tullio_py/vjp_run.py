@@ -1,0 +1,66 @@
+"""Running a vjp plan (vjp_plan.py): one runner for every frontend.
+
+`run` allocates the plan's zeroed arrays and runs its steps in order; a frontend supplies only
+`zeros(array)` (a zero-filled array of a `vjp_plan.Array`) and `launch(plan, step, ns)` (run
+one step reading and writing the arrays of `ns`).  `Host` is the numpy frontend (the CPU: a
+statement's own kernel, which may hand it to BLAS, or a fused loop nest);
+frontends/cuda_vjp.py has the GPU's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import jit, schedule
+from .codegen import range_argument
+from .vjp_plan import VjpPlan, pick
+
+
+def run(plan: VjpPlan, frontend, ns: dict) -> dict:
+    """Run `plan` on the arrays and scalars of `ns` (by name; the zeroed arrays are added to
+    it): {input: its gradient array, in the gradient's dtype}."""
+    for a in plan.arrays:
+        ns[a.name] = frontend.zeros(a)
+    for step in plan.steps:
+        frontend.launch(plan, step, ns)
+    return {a.input: ns[a.name] for a in plan.gradients}
+
+
+def run_on(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
+    """Call Kernel k with the given index ranges (no range inference) into `out`."""
+    return k.run_with_ranges(arrays, rng, out, params)
+
+
+class Host:
+    """The numpy frontend: `kernels[i]` runs `plan.statements[i]`; `fused_function(Nest)`
+    gives a fused nest's compiled function; what each statement ran is written to `record`
+    (statement text -> run_with_ranges' result, or ("fused", source))."""
+
+    def __init__(self, kernels, params: dict, record: dict, fused_function, threads):
+        self.kernels, self.params, self.record = kernels, params, record
+        self.fused_function, self.threads = fused_function, threads
+
+    def zeros(self, a) -> np.ndarray:
+        return np.zeros(a.shape, a.dtype)
+
+    def launch(self, plan: VjpPlan, step, ns: dict):
+        params = self.params
+        if step.fused is None:
+            k = step.members[0]
+            s = plan.statements[k]
+            self.record[s.text] = run_on(self.kernels[k], pick(s.equation, ns, params),
+                                         dict(s.ranges), ns[s.output], params)
+            return
+        f = step.fused
+        named = dict(f.bound)
+        for k, name in zip(step.members, f.outputs):
+            s = plan.statements[k]
+            named.update(pick(s.equation, ns, params))
+            out = ns[s.output]
+            named[name] = out.reshape(1) if out.ndim == 0 else out    # (a view)
+        rng = dict(f.ranges)
+        args = [range_argument(a, rng) if a.startswith(("_start_", "_stop_")) else
+                params[a] if a in params else named[a] for a in f.source.args]
+        jit.call(self.fused_function(f), args, f.source.parallel,
+                 schedule.thread_count(self.threads, jit.max_threads()))
+        for k in step.members:
+            self.record[plan.statements[k].text] = ("fused", f.source)
