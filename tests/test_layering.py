@@ -22,11 +22,12 @@ STAGE = {
     "codegen.fused": 5.5, "codegen.__init__": 6, "codegen": 6, "jit": 7, "callpath": 8,
     "tape": 8, "frontends.cuda": 8, "vjp_plan": 8.1, "vjp_run": 8.2, "frontends.cuda_vjp": 8.5, "gradient_kernel": 9,
     "tangent_kernel": 9.2, "frontends.vjp": 9.3, "explain": 9.5, "frontends.dask_graph": 9.6,
-    "frontends.dask": 9.7, "frontends.torch": 9.8, "frontends.torch_autograd": 9.85,
+    "frontends.dask": 9.7, "frontends.torch": 9.8, "frontends.torch_higher": 9.82, "frontends.torch_autograd": 9.85,
     "frontends.torch_inplace": 9.86, "frontends.torch_ops": 9.9, "frontends.torch_call": 9.95, "kernel": 10, "nn": 14,
     "__init__": 15, "__main__": 16,
 }
-HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_autograd", "frontends.torch_inplace",
+HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_autograd",
+                                            "frontends.torch_higher", "frontends.torch_inplace",
                    "frontends.torch_ops", "frontends.torch_call",
                    "nn"},
          "numba": {"jit", "frontends.cuda", "frontends.cuda_vjp", "codegen.cuda"},
@@ -126,7 +127,7 @@ def test_heavy_dependencies_are_imported_at_function_level_only():
     for name, path in modules():
         for target, top_level, external in imports(name, path):
             if external and target in HEAVY and name not in ("frontends.torch", "frontends.torch_call", "frontends.torch_autograd",
-                                                                  "frontends.torch_inplace",
+                                                                  "frontends.torch_inplace", "frontends.torch_higher",
                                                                   "frontends.torch_ops"):
                 assert not top_level, f"{name} imports {target} at module level"
 

@@ -5,20 +5,23 @@ form, so torch.func's transforms (grad, vjp, jvp, vmap, jacrev, jacfwd) compose 
 
 * backward runs the kernel's gradient kernels (`Kernel.vjp`) inside `Vjp`, itself a Function;
   when torch asks for a graph of the gradients (create_graph, torch.func.grad), it calls the
-  gradient statements as tullio_py kernels on the tensors instead (`statement_gradients`), so
-  the gradients are differentiable through `Apply` again (double backward, Hessian products;
-  a `(*)` reduction through the product of the other factors, grad.exact_product, so that
-  its second derivative is exact at zero factors);
-* forward mode (`jvp`) runs the kernel's tangent kernels (`Kernel.jvp`) inside `Jvp`;
+  gradient statements as tullio_py kernels on the tensors instead
+  (`torch_higher.statement_gradients`), so the gradients are differentiable through `Apply`
+  again (double backward, Hessian products);
+* forward mode (`jvp`) runs the kernel's tangent kernels (`Kernel.jvp`) inside `Jvp`; when the
+  tangent is differentiated after (reverse over forward: jacrev of jacfwd, backward of a
+  forward_ad tangent), it calls the tangent statements as kernels instead
+  (`torch_higher.statement_tangent`);
 * vmap rules never loop in Python: a batched call is the same statement with one more index on
   both sides (`batched_kernel`), compiled once per expression and set of batched names.  The
   forward adds the index only to the inputs that are batched; `Vjp` and `Jvp` batch every array
   they read (unbatched ones as zero-stride expansions), so per-example gradients of shared
   weights come out per example.
 
-A derivative of `Vjp` (under torch.func, gradients whose statements cannot be called as `:=`
-kernels: clamp, mod or pad positions on the left) or of `Jvp` (reverse mode over forward mode)
-raises a GradientError, never a silently missing term.
+A derivative (reverse or forward mode) of `Vjp` or `Jvp` raises a GradientError, never a
+silently missing term: that happens under torch.func only, for statements that cannot be
+called as `:=` kernels (clamp, mod or pad positions on the left; plain autograd runs them in
+place, torch_inplace.py).
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ import torch
 
 from .. import memo
 from ..errors import GradientError, TullioError
-from ..ir import Access, Affine, Call, Gather, Param, Wrapped, map_expr
-from . import torch as tf, vjp as vjp_mod
+from ..ir import Access, Affine, Gather, Param, Wrapped, map_expr
+from . import torch as tf, torch_higher as higher, vjp as vjp_mod
 
 
 # ----------------------------------------------------------------------------- batching
@@ -118,7 +121,7 @@ class Apply(torch.autograd.Function):
         out = next(saved) if ctx.keep_out else ctx.out_ghost
         if torch.is_grad_enabled():     # create_graph: gradients that can be differentiated
             try:
-                made = statement_gradients(spec, ctx.others, needs, gout, out, tensors)
+                made = higher.statement_gradients(spec, ctx.others, needs, gout, out, tensors)
             except TullioError:         # first order still exact below; second order raises
                 made = None
             if made is not None:
@@ -137,6 +140,13 @@ class Apply(torch.autograd.Function):
         if not which:
             return None
         given = [t for n, t in zip(spec.tensors, tangents) if n in which]
+        if torch.is_grad_enabled() and any(map(_tracked, (*given, *tensors))):
+            try:                        # a tangent that is differentiated again
+                made = higher.statement_tangent(spec, ctx.others, which, given, tensors)
+            except TullioError:         # first order still exact below; its derivative raises
+                made = None
+            if made is not None:
+                return made
         return Jvp.apply(spec, ctx.others, which, *given, *tensors)
 
     @staticmethod
@@ -148,156 +158,26 @@ class Apply(torch.autograd.Function):
         return k(**values, **others), 0
 
 
+def _tracked(t: torch.Tensor) -> bool:
+    """Whether t carries history for a derivative taken after this one: it requires grad,
+    or one of torch.func's grad/jvp wrappers holds it (vmap's batching alone does not)."""
+    f = torch._C._functorch
+    while f.is_functorch_wrapped_tensor(t):
+        if f.is_gradtrackingtensor(t):
+            return True
+        t = f.get_unwrapped(t)
+    return t.requires_grad
+
+
 def _ghost(t: torch.Tensor) -> torch.Tensor:
     return t.detach().new_zeros(()).expand(t.shape)
 
 
-# ----------------------------------------------------------------------------- second order
-def statement_gradients(spec, others: dict, needs, gout, out, tensors) -> dict | None:
-    """{input: gradient} computed by calling the kernel's gradient statements as kernels on
-    these tensors, so the gradients are themselves differentiable through `Apply` (double
-    backward, and again).  Each `dX[...] += rhs` runs as `dX[...] := rhs` with the ranges of
-    X's dimensions (a gather on the left scatters into a result padded to X's length); a
-    left side through clamp/mod/pad (a many-to-one scatter) runs as it is, `+=` into zeros
-    of X's shape, in place through autograd (torch_inplace.py), differentiable once more;
-    helpers (`:=`) run as they are.  None under torch.func's transforms when a statement
-    needs the in-place form: then the first-order gradients come from `Vjp`, whose
-    derivative raises."""
-    from ..factory import kernel as make
-    from ..parse import parse
-    kernel = spec.kernel
-    if kernel.equation.reducer == "*":
-        return _product_gradients(spec, others, needs, gout, tensors)
-    values = dict(zip(spec.tensors, tensors))
-    sub = vjp_mod.subset_kernel(kernel, needs)
-    d, lines = _statements(sub, spec, others, values, gout)
-    env = {**values, **others, kernel.equation.output: out, d.cotangent: gout}
-    opts = _options(kernel)
-    names = dict(d.gradient_names)
-    result = {}
-    for n in needs:
-        scope, total = dict(env), None
-        for line in lines.get(n, ()):
-            e = parse(line)
-            args = {a: scope[a] for a in (*e.arrays, *e.params) if a in scope}
-            if e.output != names[n]:                    # a helper
-                scope[e.output] = make(line, **opts)(**args)
-                continue
-            term = _assign(e, values[n], opts, args, make)
-            if term is None:
-                return None
-            total = term if total is None else total + term
-        x = values[n]
-        result[n] = torch.zeros_like(x) if total is None else \
-            total.to(x.dtype).reshape(x.shape)
-    return result
-
-
-def _options(kernel) -> dict:
-    return {n: getattr(kernel.options, n) for n in ("threads", "target", "fastmath", "blas", "fuse")}
-
-
-def _product_gradients(spec, others: dict, needs, gout, tensors) -> dict | None:
-    """The gradients of a `(*)` reduction from grad.exact_product's statements: the product
-    of the other factors P (one more kernel call) and the gradient statements of
-    `Y[L] := P[L,R] * RHS`, so that their own derivative is exact at zero factors too (the
-    zero-count helpers of the vjp are exact in value but piecewise).  A finaliser is
-    differentiated first as its own statement `out[L] := f(acc[L])`."""
-    from dataclasses import replace
-
-    from ..factory import kernel as make
-    from ..grad import exact_product
-    kernel, opts = spec.kernel, _options(spec.kernel)
-    eq = kernel.equation
-    values = dict(zip(spec.tensors, tensors))
-    if eq.finaliser:
-        eq = replace(eq, finaliser=None, text="")
-        acc = make(str(eq), **opts)(**values, **others)
-        name = next(n for n in (eq.output + "_acc" + "_" * k for k in range(len(values) + 2))
-                    if n not in values and n not in others)
-        fin = make(str(type(eq)(eq.lhs, ":=", Call(kernel.equation.finaliser,
-                                                   (Access(name, eq.lhs.indices),)))), **opts)
-        made = statement_gradients(tf.Spec.of(fin, {name: acc}), {}, (name,), gout,
-                                   fin(**{name: acc}), [acc])
-        gout = made[name]
-    forms = exact_product(eq)
-    if forms is None:
-        return None
-    prod, total = forms
-    rng = kernel.ranges(**_np_values(eq, values), **others)
-    P = make(str(prod), **opts, ranges={r: rng[r] for r in prod.lhs_indices})(
-        **{n: v for n, v in {**values, **others}.items() if n in (*prod.arrays, *prod.params)})
-    yk = make(str(total), **opts)
-    arrays = {**values, **others, prod.output: P}
-    ys = tf.Spec.of(yk, arrays)
-    made = statement_gradients(ys, ys.scalar_values(arrays), needs, gout, None,
-                               [arrays[n] for n in ys.tensors])
-    return None if made is None else {n: made[n] for n in needs}
-
-
-def _np_values(eq, values: dict) -> dict:
-    """Zero-stride zeros of the tensors' shapes (index arrays with their values): enough to
-    infer ranges and print bounds."""
-    index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
-    arrays = {}
-    for n, t in values.items():
-        dt = tf.np_compute_dtype(t.dtype)
-        if n in index_only and not tf.is_wrapped(t):
-            arrays[n] = tf.to_numpy(t)
-        else:
-            arrays[n] = np.zeros((), dt) if n in eq.params else tf.placeholder(t.shape, dt)
-    return arrays
-
-
-def _statements(sub, spec, others: dict, values: dict, gout):
-    """(derivation, {input: [statements]}) for these shapes: the statements print the bounds
-    of the last vjp, so a vjp runs first on zero-stride zeros of the right shapes (index
-    arrays with their values)."""
-    arrays = _np_values(sub.equation, values)
-    with torch.no_grad():
-        sub.vjp(tf.placeholder(gout.shape, tf.np_compute_dtype(gout.dtype)), **arrays,
-                **others)
-    g = sub.gradient_side()
-    return g.last[0], g.equations()
-
-
-def _assign(e, x, opts: dict, args: dict, make):
-    """`dX[...] += rhs` as a new tensor of X's shape (None when the left side is not plain)."""
-    slots = e.lhs.indices
-    if all(isinstance(s, Affine) and s.is_bare for s in slots):
-        lhs = [s.terms[0][0] for s in slots]
-        if len(set(lhs)) != len(lhs):
-            return None
-        rng = {i: range(x.shape[k]) for k, i in enumerate(lhs)}
-        return make(_define(e), **opts, ranges=rng)(**args)
-    if len(slots) == 1 and isinstance(slots[0], Gather) and not slots[0].offset.terms:
-        r = make(_define(e), **opts)(**args)
-        return torch.nn.functional.pad(r, (0, x.shape[0] - r.shape[0]))
-    if torch._C._are_functorch_transforms_active():
-        return None                     # (the in-place Function has no torch.func rules)
-    # clamp/mod/pad positions or shifts on the left: the statement itself, `+=` into zeros
-    # of X's shape; in place with autograd (torch_inplace.InPlace), so it is differentiable
-    # once more with respect to everything it reads
-    dx = torch.zeros(x.shape, dtype=_result_dtype(x, args.values()))
-    return make(str(e), **opts)(**{e.output: dx}, **args)
-
-
-def _result_dtype(x, values) -> torch.dtype:
-    dt = x.dtype
-    for v in values:
-        if isinstance(v, torch.Tensor) and v.is_complex():
-            dt = torch.promote_types(dt, v.dtype)
-    return dt
-
-
-def _define(e) -> str:
-    return str(type(e)(e.lhs, ":=", e.rhs, e.reduction, e.finaliser))
-
-
 # ----------------------------------------------------------------------------- reverse mode
 class _FirstOrder(torch.autograd.Function):
-    """A Function whose own derivative is not defined: differentiating it again is a
-    GradientError naming the statement (the spec, first input, carries the kernel)."""
+    """A Function whose own derivative is not defined: differentiating it again, in reverse
+    or in forward mode, is a GradientError naming the statement (the spec, first input,
+    carries the kernel)."""
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -305,6 +185,10 @@ class _FirstOrder(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        _second_order(ctx.text)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
         _second_order(ctx.text)
 
 
@@ -361,6 +245,6 @@ class Jvp(_FirstOrder):
 
 def _second_order(text: str):
     raise GradientError("double backward (a gradient of a gradient) through a tullio_py "
-                        "kernel is not supported", text, None,
+                        "kernel is not supported for this statement", text, None,
                         "differentiate once, or write the first derivative as its own "
                         "tullio_py expression")
