@@ -18,7 +18,7 @@ STAGE = {
     "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "guards": 2.9, "schedule": 3, "summation": 2,
     "bind": 3.5, "grad_sympy": 3.5, "grad": 4, "grad_print": 4.2, "tangent": 4.5, "blas": 4, "blas_shift": 4.5,
     "codegen.text": 4.5, "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7,
-    "codegen.expr": 4.7, "codegen.nest": 4.8, "codegen.cpu": 5, "codegen.cuda": 5.5,
+    "codegen.expr": 4.7, "codegen.nest": 4.8, "codegen.blocked": 4.9, "codegen.cpu": 5, "codegen.cuda": 5.5,
     "codegen.fused": 5.5, "codegen.__init__": 6, "codegen": 6, "jit": 7, "callpath": 8,
     "tape": 8, "frontends.cuda": 8, "vjp_plan": 8.1, "vjp_run": 8.2, "frontends.cuda_vjp": 8.5, "gradient_kernel": 9,
     "tangent_kernel": 9.2, "frontends.vjp": 9.3, "explain": 9.5, "frontends.dask_graph": 9.6,

@@ -262,7 +262,8 @@ def test_gradient_threaded_equals_serial():
     ("C[i,k] = A[i,j] * B[j,k] * (j <= i + 100)", "="),
     ("C[i,k] -= 2.0 * A[i,j] * B[j,k]", "-="),
 ])
-def test_blocked_reduction_matches_numpy(expr, assign):
+def test_blocked_reduction_matches_numpy(expr, assign, monkeypatch):
+    monkeypatch.setattr(schedule, "JAM_LANES", ())     # no register blocking (test_blocking.py)
     rng = np.random.default_rng(7)
     A, B = rng.standard_normal((40, 600)), rng.standard_normal((600, 300))
     C0 = rng.standard_normal((40, 300))

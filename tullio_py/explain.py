@@ -85,7 +85,9 @@ def _path(k, arrays, rng, out, shape, dtype):
                                   f"{p.cost * 1e3:.3f} ms")
     plan, _, _ = k.plan_for(arrays, rng, dtype, shape)
     order = ", ".join(f"{l.index}{' (parallel)' if l.parallel else ''}" for l in plan.loops)
-    return "loops", f"generated loops, order {order} (outer to inner)"
+    jam = (f"; register-blocked: {plan.jam[1]} values of {plan.jam[0]} at once, tiles of "
+           f"{plan.jam[2]}" if plan.jam else "")
+    return "loops", f"generated loops, order {order} (outer to inner){jam}"
 
 
 def _time(k, arrays: dict, repeat: int) -> float:

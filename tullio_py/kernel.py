@@ -264,8 +264,8 @@ class Kernel:
         plan = dtypes.with_dtypes(plan, arrays)
         # Every choice of the plan that changes the code (block depends on the sizes).
         key = CompileKey.of(self._lowered_text, dtype, target, parallel,
-                            (plan.loops, plan.fixed, plan.form, plan.block, plan.chunked,
-                             plan.partial, plan.collapse, plan.lanes), arrays)
+                            (plan.loops, plan.fixed, plan.form, plan.block, plan.jam,
+                             plan.chunked, plan.partial, plan.collapse, plan.lanes), arrays)
         return plan, key, low
 
     def _arguments(self, prepared, arrays, out, call_ranges, extra_params):

@@ -29,6 +29,8 @@ BLOCK = 128                 # rows of a reduction block (row form)
 BLOCK_MIN_BYTES = 1 << 19   # block only when the streamed arrays exceed this (about L2 / 2)
 SHORT_LOOP = 32  # an innermost loop this short gets constant bounds in large kernels
 LANES = 8        # independent accumulators of a (max)/(min)/(+) over a contiguous loop
+JAM = 4          # output rows a register-blocked row form computes at once (Plan.jam)
+JAM_LANES = (32, 16)   # elements of the contiguous index per accumulator tile (the first that fits)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class Plan:
                                   # in as constants so the compiler unrolls and vectorises it
     dtypes: tuple = ()            # (name, dtype) of the arrays and parameters read (dtypes.py):
                                   # the code computes each element as numpy would
+    jam: tuple = ()               # (index, factor, lanes): row form, register-blocked (see
+                                  # jam_choice): `factor` values of that left index at once,
+                                  # each with `lanes` elements of the row in accumulators
     hoists: tuple = ()            # (read, loop level): a read that does not depend on the
                                   # innermost loop, loaded once into a local just inside loop
                                   # number `level` (-1: before every loop); see hoisted_reads
@@ -230,12 +235,45 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # extent, large kernels only).  Row-form loops got slower with it (0.9 -> 1.9 ms).
         fixed = ((inner, ranges[inner].start, ranges[inner].stop),)
         lanes = 0
-    block = ()
+    block, jam = (), ()
     if form == "row" and threads is not False and not chunked and not collapse:
-        block = _reduction_block(eq, order, ranges, sizes or {})
+        jam = jam_choice(eq, loops, ranges, guards, out_dtype)
+        block = () if jam else _reduction_block(eq, order, ranges, sizes or {})
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
-                lanes=lanes, fixed=fixed, block=block, hoists=hoisted_reads(eq, loops))
+                lanes=lanes, fixed=fixed, block=block, jam=jam, hoists=hoisted_reads(eq, loops))
+
+
+def jam_choice(eq: Equation, loops: tuple, ranges: dict, guards, out_dtype: str) -> tuple:
+    """Register blocking of a row-form sum (codegen/blocked.py): the left loop just outside
+    the reductions is unrolled by JAM and jammed into the row loop, and each (JAM x lanes)
+    tile of the output is summed in a local accumulator tile across the whole reduction, then
+    stored once.  A streamed read that does not depend on the jammed index (B[j,k] of a matmul,
+    the input x of a local convolution) is then loaded once for JAM sums instead of once per
+    output row, and the output is not re-read and re-written at every reduction step.
+
+    Rule: a `+` reduction assigned or accumulated (`:=`, `=`, `+=`, `-=`) without reading its
+    own output, a jammed index with at least JAM values and a row of at least 16 (lanes 32,
+    else 16), no guard on either index, and some read of the row that the jammed index does
+    not select (else nothing is shared).  512 float32 matmul with blas=False, one thread:
+    10.2 -> 3.2 ms (numpy 1.5 ms)."""
+    left = [k for k, l in enumerate(loops[:-1]) if not l.reduction]
+    kind = np.dtype(out_dtype).kind
+    if (not left or eq.reducer != "+" or eq.assign == "*=" or kind not in "fciu"
+            or any(a.array == eq.output for a in eq.accesses())):
+        return ()
+    v, r = loops[left[-1]].index, loops[-1].index
+    if left[-1] != len(left) - 1 or len(ranges[v]) < JAM:
+        return ()
+    lanes = next((n for n in JAM_LANES if len(ranges[r]) >= n), 0)
+    if not lanes or any({v, r} & set(g.expr.names) for g in guards):
+        return ()
+    red = {l.index for l in loops if l.reduction}
+    for a in eq.accesses():
+        names = {x for s in a.indices for x in s.names}
+        if r in names and names & red and v not in names:
+            return (v, JAM, lanes)
+    return ()
 
 
 def hoisted_reads(eq: Equation, loops: tuple) -> tuple:

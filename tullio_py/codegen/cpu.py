@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..schedule import Plan
+from .blocked import render_jam
 from .bounds import loop_bounds
 from .emit import Emitter, under
 from .expr import STORE, Expr, better, combine, hoist_table, identity_code, pad_condition
@@ -45,6 +46,9 @@ def render_renamed(plan: Plan, shown: Plan, target: str = "cpu") -> Source:
     if plan.form == "row":
         lines.append(f"# the contiguous index {shown.loops[-1].index} runs innermost: each "
                      "reduction step updates a row")
+    if plan.jam:
+        lines.append(f"# register-blocked: {plan.jam[1]} values of {shown.jam[0]} at once, the "
+                     f"row in tiles of {plan.jam[2]} summed in local accumulators")
     if plan.chunked:
         lines.append(f"# {shown.chunked} is split into blocks across threads"
                      + (f"; each block keeps a partial result ({plan.partial}), combined at "
@@ -63,7 +67,7 @@ def render_renamed(plan: Plan, shown: Plan, target: str = "cpu") -> Source:
     if plan.scatter:
         _scatter(nest)
     elif plan.form == "row":
-        _row(nest)
+        (render_jam if plan.jam else _row)(nest)
     else:
         _scalar(nest)
     lines += out.lines() or ["    pass"]

@@ -145,6 +145,7 @@ def rename_plan(plan: Plan) -> Plan:
         collapse=tuple(f(n) for n in plan.collapse),
         block=(f(plan.block[0]),) + tuple(plan.block[1:]) if plan.block else plan.block,
         fixed=tuple((f(v),) + tuple(rest) for v, *rest in plan.fixed),
+        jam=(f(plan.jam[0]),) + tuple(plan.jam[1:]) if plan.jam else plan.jam,
         hoists=tuple((_access(a, f), level) for a, level in plan.hoists),
         **({"dtypes": tuple((f(n), d) for n, d in plan.dtypes)} if hasattr(plan, "dtypes") else {}))
 

@@ -1,0 +1,178 @@
+"""Register blocking (Plan.jam, codegen/blocked.py) and the hoisted reads the schedule decides
+(Plan.hoists): every blocked kernel gives what numpy, the reference interpreter and the same
+plan without blocking (the plain row form) give, on sizes that leave remainders of the jam
+factor and of the lane tile, on strided and Fortran-ordered inputs, on 1 and 2 threads, with
+NaN in the input.  The work threshold for threads is lowered to 0 so that small arrays take
+the blocked path; the kernels are module-level and shared (each compile costs seconds).
+"""
+import os
+import sys
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from reference import evaluate  # noqa: E402
+
+from tullio_py import codegen, jit, kernel, schedule  # noqa: E402
+from tullio_py.codegen import blocked  # noqa: E402, F401  (the renderer under test)
+from tullio_py.parse import parse  # noqa: E402
+from tullio_py.rewrite import lower  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def always_threads(monkeypatch):
+    monkeypatch.setattr(schedule, "PARALLEL_WORK_THRESHOLD", 0)
+
+
+MM = "C[i,k] := A[i,j] * B[j,k]"
+CONV = "y[s,c2,b] += x[s+i,c1,b] * W[i,c1,c2]"
+CONV_SUB = "y[s,c2,b] -= x[s+i,c1,b] * W[i,c1,c2]"
+NORM = "N[i,k] := A[i,j]**2 * B[j,k]**2 |> sqrt"
+KERNELS = {(e, t): kernel(e, blas=False, threads=t) for e in (MM, CONV, CONV_SUB, NORM)
+           for t in (True, 1)}
+
+
+def rnd(*shape, seed=0, dtype=np.float64):
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(dtype)
+
+
+def _run(k, arrays):
+    """(result, plan, plain result): the kernel's call, its plan, and the same plan without
+    blocking compiled and run on the same inputs."""
+    eq = k.equation
+    arrays = {n: v.copy(order="K") if eq.assign != ":=" and n == eq.output else v
+              for n, v in arrays.items()}
+    before = {n: v.copy() for n, v in arrays.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = np.asarray(k(**arrays))
+    inputs = {n: v for n, v in before.items() if n != eq.output}
+    given = {n: v for n, v in before.items() if n != eq.output or eq.assign != ":="}
+    plan, key, low = k.plan_for(given, k.ranges(**given), got.dtype, got.shape)
+    src = codegen.render(replace(plan, jam=()))
+    fn = jit.load(src, "cpu", signature="plain " + repr(key))
+    out = before[eq.output].copy() if eq.output in before else np.zeros_like(got)
+    args = []
+    for a in src.args:
+        if a == eq.output:
+            args.append(out)
+        elif a.startswith(("_start_", "_stop_")):
+            args.append(codegen.range_argument(a, low.ranges))
+        elif a in low.bound_params:
+            args.append(low.bound_params[a])
+        else:
+            args.append(inputs[a])
+    fn(*args)
+    return got, plan, out
+
+
+def _reference(expr, arrays):
+    eq = parse(expr)
+    rng = kernel(expr, blas=False).ranges(**{n: v for n, v in arrays.items()
+                                            if n != eq.output or eq.assign != ":="})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return evaluate(eq, arrays, rng, arrays[eq.output].copy() if eq.assign != ":=" else None)
+
+
+def _strided(a):
+    """A non-contiguous view with a's values."""
+    big = np.zeros(tuple(2 * n for n in a.shape), a.dtype)
+    view = big[tuple(slice(None, None, 2) for _ in a.shape)]
+    view[...] = a
+    return view
+
+
+MM_CASES = {   # name: (A, B, lanes expected or None when the layout changes the plan)
+    "odd 37x45x41": (rnd(37, 45), rnd(45, 41, seed=1), 32),
+    "lanes 16, 9x30x20": (rnd(9, 30), rnd(30, 20, seed=1), 16),
+    "exact 8x16x64": (rnd(8, 16), rnd(16, 64, seed=1), 32),
+    "strided": (_strided(rnd(13, 21)), _strided(rnd(21, 35, seed=1)), 32),
+    "A fortran": (np.asfortranarray(rnd(11, 17)), rnd(17, 33, seed=1), None),
+    "NaN and inf": (np.where(rnd(10, 12) > 1.5, np.nan, rnd(10, 12)),
+                    np.where(rnd(12, 34, seed=1) > 2, np.inf, rnd(12, 34, seed=1)), 32),
+    "float32": (rnd(6, 50, dtype=np.float32), rnd(50, 19, seed=1, dtype=np.float32), 16),
+    "int64": (np.arange(5 * 7).reshape(5, 7) % 11 - 5, np.arange(7 * 40).reshape(7, 40) % 7 - 3,
+              32),
+}
+
+
+@pytest.mark.parametrize("threads", [True, 1], ids=["threads", "1 thread"])
+@pytest.mark.parametrize("case", list(MM_CASES))
+def test_matmul_blocked_equals_numpy_and_plain(case, threads):
+    A, B, lanes = MM_CASES[case]
+    got, plan, plain = _run(KERNELS[MM, threads], dict(A=A, B=B))
+    if lanes is not None:
+        assert plan.jam == ("i", schedule.JAM, lanes), plan
+    want = np.einsum("ij,jk->ik", A, B)
+    if A.dtype.kind == "i":
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(plain, want)
+        return
+    tol = 1e-4 if A.dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+
+
+@pytest.mark.parametrize("expr", [CONV, CONV_SUB])
+@pytest.mark.parametrize("threads", [True, 1], ids=["threads", "1 thread"])
+def test_shifted_accumulate_blocked_equals_reference_and_plain(expr, threads):
+    x, W = rnd(20, 3, 19), rnd(3, 3, 6, seed=2)          # s 18, c2 6 (4 + 2), b 19 (16 + 3)
+    y0 = rnd(18, 6, 19, seed=3)
+    got, plan, plain = _run(KERNELS[expr, threads], dict(x=x, W=W, y=y0))
+    assert plan.jam == ("c2", schedule.JAM, 16), plan
+    sign = -1 if "-=" in expr else 1
+    want = y0 + sign * sum(np.einsum("scb,cd->sdb", x[i:i + 18], W[i]) for i in range(3))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, plain, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, _reference(expr, dict(x=x, W=W, y=y0)), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_finaliser_applied_once_per_element():
+    A, B = rnd(9, 14), rnd(14, 23, seed=1)
+    got, plan, plain = _run(KERNELS[NORM, True], dict(A=A, B=B))
+    assert plan.jam == ("i", schedule.JAM, 16)
+    want = np.sqrt(np.einsum("ij,jk->ik", A ** 2, B ** 2))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(got, plain, rtol=1e-12)
+    np.testing.assert_allclose(got, _reference(NORM, dict(A=A, B=B)), rtol=1e-12)
+
+
+def _plan(expr, sizes, threads=True, **arrays):
+    eq = lower(parse(expr)).equation
+    ranges = {n: range(s) for n, s in sizes.items()}
+    return schedule.plan(eq, ranges, "float64", threads=threads)
+
+
+@pytest.mark.parametrize("expr,sizes,jam", [
+    (MM, dict(i=512, j=512, k=512), ("i", 4, 32)),
+    (MM, dict(i=512, j=512, k=20), ("i", 4, 16)),
+    (MM, dict(i=3, j=512, k=512), ()),                  # fewer rows than the jam factor
+    (MM, dict(i=512, j=512, k=8), ()),                  # a row shorter than 16
+    ("C[i,k] := A[i,j] * B[j,k] * (i <= k)", dict(i=64, j=64, k=64), ()),   # a guard on i
+    ("(max) C[i,k] := A[i,j] * B[j,k]", dict(i=64, j=64, k=64), ()),       # not a sum
+    ("C[i,k] := A[i,j] * B[i,k]", dict(i=64, j=64, k=64), ()),   # every row read selected by i
+    ("C[i,k] += C[i,k] * A[i,j] * B[j,k]", dict(i=64, j=64, k=64), ()),   # reads its output
+])
+def test_jam_rule(expr, sizes, jam):
+    plan = _plan(expr, sizes)
+    assert plan.jam == jam, plan
+    assert _plan(expr, sizes) == plan                  # the choice is a function of the call
+    assert _plan(expr, sizes, threads=False).jam == ()  # small kernels stay plain
+    assert not (plan.jam and plan.block)
+
+
+def test_hoisted_reads_are_the_plans():
+    """Codegen loads into locals exactly the reads the plan lists: with none listed, every
+    read stays in the loop."""
+    plan = _plan(MM, dict(i=64, j=64, k=64), threads=False)
+    assert [(str(a), level) for a, level in plan.hoists] == [("A[i, j]", 1)]
+    text = codegen.render(plan).text
+    assert "_h0 = A_[i_, j_]" in text
+    bare = codegen.render(replace(plan, hoists=())).text
+    assert "_h0" not in bare and "A_[i_, j_] * B_[j_, k_]" in bare
