@@ -26,12 +26,6 @@ from .signature import ArraySig, CallSignature
 from .ir import Access, Affine, Compare, Const, Equation, Param, Wrapped
 
 
-def _value_only_indices(eq: Equation) -> list[str]:
-    from .ir import IndexValue, slot_names, walk
-    bracketed = {n for acc in [eq.lhs] + eq.accesses() for s in acc.indices for n in slot_names(s)}
-    return [n.name for n in walk(eq.rhs) if isinstance(n, IndexValue) and n.name not in bracketed]
-
-
 @dataclass(frozen=True)
 class _CallState:
     """What a vjp call checks and derives, fixed by the shapes, dtypes and strides of its
@@ -86,20 +80,19 @@ class Gradient:
         return d
 
     def kernel_for(self, eq: Equation):
-        """The Kernel running gradient statement `eq` (compiled once per statement)."""
-        text = str(eq)
-        k = self._kernels.get(text)
+        """The Kernel running gradient statement `eq` (compiled once per statement), built
+        from the Equation itself: an index the derivative no longer reads in any bracket
+        (`dw[k] += dm[i] * where(j*len_k + k == m_arg[i], 1, 0)`) stays the loop index it is
+        in `eq` (an IndexValue), iterated over the forward's range like every other index."""
+        key = (eq, str(eq))         # (Const(2) == Const(2.0): the printed form tells them apart)
+        k = self._kernels.get(key)
         if k is None:
             f = self.fwd
-            # An index the derivative no longer reads in any bracket (`dw[k] += dm[i] * where(
-            # j*len_k + k == m_arg[i], 1, 0)`) is still iterated: name it an index by ranges=
-            # (the ranges themselves always come from the forward).
-            lost = {n: 1 for n in _value_only_indices(eq)}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SummationWarning)
-                k = type(f)(text, threads=f.threads, target=f.target, pad=0,
-                            fastmath=f.fastmath, ranges=lost or None, blas=f.options.blas)
-            self._kernels[text] = k
+                k = type(f)(eq, threads=f.threads, target=f.target, pad=0,
+                            fastmath=f.fastmath, blas=f.options.blas)
+            self._kernels[key] = k
         return k
 
     # ------------------------------------------------------------------ vjp

@@ -279,6 +279,24 @@ def rename_reads(e, old: str, new: str):
                     if isinstance(n, Access) and n.array == old else n)
 
 
+def as_parsed(eq: "Equation", indices=()) -> "Equation":
+    """`eq` in the form `parse(str(eq), indices)` gives it, without printing: a read with no
+    brackets on the right (`ds`, a 0-d array another stage derived) is a parameter, and the
+    parameters in `indices` (names given ranges by `ranges=`) are loop indices."""
+    indices = [n for n in indices if n in eq.params]
+    if not indices and not any(isinstance(n, Access) and not n.indices for n in walk(eq.rhs)):
+        return eq
+
+    def node(n):
+        if isinstance(n, Access) and not n.indices:
+            n = Param(n.array, n.span)
+        if isinstance(n, Param) and n.name in indices:
+            return IndexValue(n.name, n.span)
+        return n
+    return Equation(eq.lhs, eq.assign, map_expr(eq.rhs, node), eq.reduction, eq.finaliser,
+                    eq.text)
+
+
 def slot_names(slot: Slot) -> tuple[str, ...]:
     return slot.names
 

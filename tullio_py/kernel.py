@@ -20,7 +20,7 @@ from .signature import CallSignature, CompileKey, dims_by_stride
 from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
 from .errors import ArgumentError, ParseError, RangeError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
-from .ir import Affine, Equation, Gather
+from .ir import Affine, Equation, Gather, as_parsed
 from .parse import parse
 from . import tape as _tape
 
@@ -42,23 +42,29 @@ class Prepared:
 class Kernel:
     """A compiled tullio_py statement.  Call it with arrays by keyword."""
 
-    def __init__(self, expr: str, options: Options | None = None, /, **kw):
-        """Kernel(expr, **options), or Kernel(expr, Options(...)): options validated first."""
+    def __init__(self, expr: str | Equation, options: Options | None = None, /, **kw):
+        """Kernel(expr, **options), or Kernel(expr, Options(...)): options validated first.
+        `expr` is a statement's text, or an `Equation` (a statement derived by another stage:
+        used as it is, never printed and parsed again)."""
         if options is None:
             options = Options.from_kwargs(**kw)
         elif kw:
             raise ArgumentError("pass either an Options or option keywords, not both")
-        self.text = expr
         self.options = options
         self.given = options.given
-        try:
-            self.equation = parse(expr, tuple(self.given))
-        except ParseError:
-            if not self.given:
+        if isinstance(expr, Equation):
+            self.text = expr.text or str(expr)      # what repr and errors show
+            self.equation = as_parsed(expr, self.given)
+        else:
+            self.text = expr
+            try:
+                self.equation = parse(expr, tuple(self.given))
+            except ParseError:
+                if not self.given:
+                    raise
+                options.check(parse(expr))  # a ranges= name that is an array of the statement
                 raise
-            options.check(parse(expr))  # a ranges= name that is an array of the statement
-            raise
-        self._check_option_names(expr, self.equation)
+        self._check_option_names(self.text, self.equation)
         options.check(self.equation)
         self.threads, self.target, self.pad = options.threads, options.target, options.pad
         self.fastmath, self.verbose = options.fastmath, options.verbose
@@ -83,7 +89,9 @@ class Kernel:
             print(f"tullio_py: {self.equation}")
 
     @staticmethod
-    def _check_option_names(expr: str, eq: Equation | None = None):
+    def _check_option_names(expr: str | Equation, eq: Equation | None = None):
+        if isinstance(expr, Equation):
+            expr, eq = expr.text or str(expr), expr
         eq = eq or parse(expr)
         for name in [eq.output, *eq.arrays, *eq.params]:
             if name in OPTIONS:
@@ -384,9 +392,19 @@ def _covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bo
 
 
 # ----------------------------------------------------------------------------- public verbs
-def kernel(expr: str, /, **options) -> Kernel:
-    """A Kernel for `expr`, cached per expression and (validated) options."""
-    if not isinstance(expr, str):
+def kernel(expr: str | Equation, /, **options) -> Kernel:
+    """A Kernel for `expr` (text, or an Equation another stage derived), cached per expression
+    and (validated) options."""
+    if isinstance(expr, str):
+        expr_key = expr
+    elif isinstance(expr, Equation):
+        # Equations are frozen and hashable, but equal ones can differ in how a constant is
+        # spelt (Const(2) == Const(2.0), and the dtype of the result depends on it): the
+        # printed form goes into the key with the Equation.  Text keys are strings, so a
+        # statement's text and an Equation never share an entry (the Equation's value-only
+        # indices print like parameters, which parse(text) would make of them).
+        expr_key = (expr, str(expr))
+    else:
         parse(expr)                                 # the ParseError for a non-string
     if options:
         try:
@@ -398,11 +416,11 @@ def kernel(expr: str, /, **options) -> Kernel:
             Kernel._check_option_names(expr)       # the statement names an array like an option
             raise ArgumentError(f"option {', '.join(arrays)} got an array: option names are "
                                 f"reserved and cannot name arrays ({', '.join(OPTIONS)})",
-                                expr) from None
+                                expr if isinstance(expr, str) else str(expr)) from None
         # threads=1 (one thread) and threads=True (all) are equal as numbers: keyed apart
-        key = (expr, None if opts == _DEFAULT else opts, type(opts.threads))
+        key = (expr_key, None if opts == _DEFAULT else opts, type(opts.threads))
     else:
-        opts, key = _DEFAULT, (expr, None, bool)
+        opts, key = _DEFAULT, (expr_key, None, bool)
     k = _KERNELS.get(key)
     if k is None:
         k = _KERNELS[key] = Kernel(expr, opts)
