@@ -196,8 +196,11 @@ def test_block_kernels_compile_once_for_every_block_shape():
 
 
 def _kernels():
+    """(key with the statement's text first, Kernel) of the cached one-thread kernels (block
+    kernels are cached by their Equation)."""
     from tullio_py.kernel import _KERNELS
-    return [(key, k) for key, k in _KERNELS.items() if type(k.threads) is int and k.threads == 1]
+    return [((key[0] if isinstance(key[0], str) else str(key[0]), *key[1:]), k)
+            for key, k in _KERNELS.items() if type(k.threads) is int and k.threads == 1]
 
 
 def test_in_place_forms_return_a_new_array_and_keep_the_old_one():

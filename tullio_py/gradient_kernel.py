@@ -52,7 +52,7 @@ class Gradient:
 
     def __init__(self, forward):
         self.fwd = forward
-        self._kernels = memo.Memo("gradient.kernels", 256)   # statement -> Kernel
+        self._kernels = memo.Memo("gradient.kernels", 256)   # Equation -> Kernel
         self._fused = memo.Memo("gradient.fused", 64)       # compile key -> fused function
         self._states = memo.Memo("gradient.states", 32)     # call signature -> _CallState
         self._plans = memo.Memo("gradient.plans", 32)       # call signature -> (VjpPlan, kernels)
@@ -84,15 +84,14 @@ class Gradient:
         from the Equation itself: an index the derivative no longer reads in any bracket
         (`dw[k] += dm[i] * where(j*len_k + k == m_arg[i], 1, 0)`) stays the loop index it is
         in `eq` (an IndexValue), iterated over the forward's range like every other index."""
-        key = (eq, str(eq))         # (Const(2) == Const(2.0): the printed form tells them apart)
-        k = self._kernels.get(key)
+        k = self._kernels.get(eq)
         if k is None:
             f = self.fwd
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SummationWarning)
                 k = type(f)(eq, threads=f.threads, target=f.target, pad=0,
                             fastmath=f.fastmath, blas=f.options.blas)
-            self._kernels[key] = k
+            self._kernels[eq] = k
         return k
 
     # ------------------------------------------------------------------ vjp

@@ -146,9 +146,18 @@ class Access:
         return f"{self.array}[{', '.join(map(str, self.indices))}]" if self.indices else self.array
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Const:
+    """A number.  Equal only to a Const of the same type: `2` and `2.0` give results of
+    different dtypes, so statements (and caches keyed by them) must tell them apart."""
     value: Union[int, float, complex]
+
+    def __eq__(self, other):
+        return (type(other) is Const and type(other.value) is type(self.value)
+                and other.value == self.value)
+
+    def __hash__(self):
+        return hash((type(self.value), self.value))
 
     def __str__(self) -> str:
         v = self.value
@@ -363,6 +372,16 @@ class Equation:
             if isinstance(n, IndexValue) and n.name not in seen:
                 seen.append(n.name)
         return tuple(seen)
+
+    @cached_property
+    def value_indices(self) -> tuple[str, ...]:
+        """Loop indices no bracket uses, read only as values (`A[i] := i**2`): parsing the
+        printed statement makes them indices only when told (parse's `extra_indices`)."""
+        bracketed = set(self.lhs_indices)
+        for acc in self.accesses():
+            for s in acc.indices:
+                bracketed.update(slot_names(s))
+        return tuple(n for n in self.indices if n not in bracketed)
 
     @cached_property
     def reduction_indices(self) -> tuple[str, ...]:

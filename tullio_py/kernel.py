@@ -44,8 +44,7 @@ class Kernel:
 
     def __init__(self, expr: str | Equation, options: Options | None = None, /, **kw):
         """Kernel(expr, **options), or Kernel(expr, Options(...)): options validated first.
-        `expr` is a statement's text, or an `Equation` (a statement derived by another stage:
-        used as it is, never printed and parsed again)."""
+        `expr`: a statement's text, or an `Equation` (used as it is, never printed and parsed)."""
         if options is None:
             options = Options.from_kwargs(**kw)
         elif kw:
@@ -53,8 +52,7 @@ class Kernel:
         self.options = options
         self.given = options.given
         if isinstance(expr, Equation):
-            self.text = expr.text or str(expr)      # what repr and errors show
-            self.equation = as_parsed(expr, self.given)
+            self.text, self.equation = expr.text or str(expr), as_parsed(expr, self.given)
         else:
             self.text = expr
             try:
@@ -373,8 +371,6 @@ class Kernel:
         return f"kernel({self.text!r})"
 
 
-
-
 def _dask_frontend():
     from .frontends import dask
     return dask
@@ -397,13 +393,8 @@ def kernel(expr: str | Equation, /, **options) -> Kernel:
     and (validated) options."""
     if isinstance(expr, str):
         expr_key = expr
-    elif isinstance(expr, Equation):
-        # Equations are frozen and hashable, but equal ones can differ in how a constant is
-        # spelt (Const(2) == Const(2.0), and the dtype of the result depends on it): the
-        # printed form goes into the key with the Equation.  Text keys are strings, so a
-        # statement's text and an Equation never share an entry (the Equation's value-only
-        # indices print like parameters, which parse(text) would make of them).
-        expr_key = (expr, str(expr))
+    elif isinstance(expr, Equation):    # frozen and hashable; never equal to a text key
+        expr_key = expr
     else:
         parse(expr)                                 # the ParseError for a non-string
     if options:

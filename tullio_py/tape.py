@@ -362,13 +362,14 @@ def _fresh(eq, suffix: str) -> str:
 
 
 def _derived_kernel(k, eq):
-    """A kernel for a statement derived from k's, with k's ranges, pad and threads."""
+    """A kernel for a statement derived from k's, with k's ranges, pad and threads: built from
+    the Equation itself (factory.kernel caches it like a text)."""
     from .factory import kernel as make
     options = {o: v for o, v in k.options.as_kwargs().items()
                if o in ("ranges", "pad", "threads") and v is not None}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # the user was warned about the original
-        return make(str(eq), **options)
+        return make(eq, **options)
 
 
 def old_value_kernel(k):

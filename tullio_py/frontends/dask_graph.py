@@ -5,7 +5,10 @@ of tasks that cut the windows from the chunks, run the compiled loops and combin
 Every task calls `run_block` with a `BlockCall`: plain data (statement text, kernel options,
 ranges, parameters, where each window's pieces go), so tasks pickle to dask.distributed
 workers, which look the kernel up in their own cache (`kernel()` is cached per expression and
-options, so a kernel compiles once per process and block sizes only change its ranges).
+options, so a kernel compiles once per process and block sizes only change its ranges).  The
+process that builds the graph files the block statement's Kernel, built from its Equation,
+under that plain data (`_BLOCKS`): its tasks (dask's threaded scheduler, in-process workers)
+run that Kernel; a worker process parses the text, once per process.
 """
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ from dataclasses import replace
 import numpy as np
 
 from .. import bind as binding
-from .. import ranges as ranges_mod, rewrite, schedule
+from .. import memo, ranges as ranges_mod, rewrite, schedule
 from ..ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue,
-                  Param, Unary, Wrapped, slot_names)
+                  Param, Unary, Wrapped)
 
 _LOCK = threading.Lock()     # compiling a block kernel: one thread at a time
 SPLIT_EVERY = 8              # partial results combined per node of the reduction tree
@@ -54,8 +57,9 @@ def post_order(e, f):
 class BlockCall:
     """What one task runs (plain data)."""
 
-    def __init__(self, text, options, ranges, params, args, out):
+    def __init__(self, text, indices, options, ranges, params, args, out):
         self.text, self.options, self.ranges, self.params = text, options, ranges, params
+        self.indices = indices  # the statement's indices read only as values (for parse)
         self.args = args        # [(name, shape, dtype, [dst slices per piece])]
         self.out = out          # (shape, dtype, init, fill value, [dst slices]) ; init: "empty",
                                 # "fill" or "copy" (pieces of the old value follow the args)
@@ -191,15 +195,11 @@ class Blocks:
             return Equation(lhs, eq.reducer + "=", rhs)
         return Equation(lhs, "=", rhs, eq.reducer)
 
-    def _options(self, eq: Equation) -> tuple:
-        bracketed = {n for acc in [eq.lhs] + eq.accesses() for s in acc.indices
-                     for n in slot_names(s)} | {n for g in eq.gathers() for a in g.indices
-                                                for n in a.names}
-        lost = {n: 1 for n in eq.indices if n not in bracketed}
-        return tuple(sorted({**self.opts, "ranges": lost or None}.items()))
+    def _options(self) -> tuple:
+        return tuple(sorted(self.opts.items()))
 
     # ------------------------------------------------------------------ one block
-    def _call(self, text, options, origin: dict, out):
+    def _call(self, text, indices, options, origin: dict, out):
         """(BlockCall, [(dask array, window start, window stop)]) of one block."""
         ch = self.plan.chunked
         rng = {n: (range(origin[n][1] - origin[n][0], origin[n][2] - origin[n][0]) if n in ch
@@ -224,14 +224,14 @@ class Blocks:
                 start.append(s0)
                 stop.append(s1)
             windows.append((src, start, stop))
-        return (BlockCall(text, options, tuple((n, r.start, r.stop) for n, r in rng.items()),
+        return (BlockCall(text, indices, options, tuple((n, r.start, r.stop) for n, r in rng.items()),
                           params, [g["arg"] for g in self.groups], out), windows)
 
     def _layer(self, name, partial: str | None):
         """{key: task} of every block, the dask arrays they read, and the output chunks."""
         eq = self.statement(partial)
-        text, options = str(eq), self._options(eq)
-        _kernel(text, options)          # parse and check the block statement once, here
+        text, indices, options = str(eq), eq.value_indices, self._options()
+        block_kernel = _block_kernel(eq, text, options)     # checked once, here
         lhs, plan = self.eq.lhs.indices, self.plan
         dims = []
         for d, s in enumerate(lhs):
@@ -255,10 +255,10 @@ class Blocks:
                 elif self.old is not None:
                     init = ("copy", None)
                 else:
-                    init = ("fill" if binding.needs_fill(_kernel(text, options).equation) else "empty",
+                    init = ("fill" if binding.needs_fill(block_kernel.equation) else "empty",
                             self.opts["pad"])
                 out = (shape, self.dtype.str, init[0], init[1])
-                call, windows = self._call(text, options, o, out)
+                call, windows = self._call(text, indices, options, o, out)
                 if init[0] == "copy":
                     windows.append((self.old, corner, [c + s for c, s in zip(corner, shape)]))
                 key = (name, *bidx, *rflat)
@@ -360,17 +360,47 @@ def combine(reducer, *parts):
 
 
 # ----------------------------------------------------------------------------- in the task
-def _kernel(text, options):
-    from ..factory import kernel
+# Block statement (text, value-only indices, options) -> its Kernel.  Tasks carry the text, as
+# plain data, because dask.distributed pickles them to worker processes that hold no Kernel
+# objects; in the process that built the graph the Kernel made from the block's Equation is
+# found here, so nothing is printed and parsed again.
+_BLOCKS = memo.Memo("dask_graph.blocks", 256)
+
+
+def _block_kernel(eq: Equation, text: str, options: tuple):
+    """The Kernel of a block statement, built from its Equation, filed for its tasks."""
+    k = _BLOCKS.get((text, eq.value_indices, options))
+    if k is None:
+        k = _BLOCKS[(text, eq.value_indices, options)] = _kernel(eq, options)
+    return k
+
+
+def _task_kernel(call: "BlockCall"):
+    """The Kernel a task runs: the one filed when its graph was built, else (a worker process)
+    the text parsed with the statement's value-only indices; threads capped by the worker's."""
+    key = (call.text, call.indices, _capped(call.options))
+    k = _BLOCKS.get(key)
+    if k is None:
+        from ..parse import parse
+        k = _BLOCKS[key] = _kernel(parse(call.text, call.indices), key[2])
+    return k
+
+
+def _capped(options: tuple) -> tuple:
+    """The options with an explicit thread count capped by a dask.distributed worker's."""
     opts = dict(options)
     t = opts.get("threads")
-    if isinstance(t, int) and not isinstance(t, bool) and t > 1:
-        cap = _worker_threads()
-        if cap:
-            opts["threads"] = min(t, cap)
+    if isinstance(t, int) and not isinstance(t, bool) and t > 1 and _worker_threads():
+        opts["threads"] = min(t, _worker_threads())
+    return tuple(sorted(opts.items()))
+
+
+def _kernel(statement, options: tuple):
+    """kernel(statement, **options) (text or Equation), threads capped by the worker's."""
+    from ..factory import kernel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return kernel(text, **opts)
+        return kernel(statement, **dict(_capped(options)))
 
 
 def _worker_threads():
@@ -395,7 +425,7 @@ def _assemble(shape, dtype, placed, pieces):
 
 def run_block(call: BlockCall, *data):
     """One block: assemble the windows, run the block statement's kernel on its ranges."""
-    k = _kernel(call.text, call.options)
+    k = _task_kernel(call)
     arrays, pos = {}, 0
     assembled = []
     for shape, dtype, placed in call.pieces:

@@ -61,8 +61,8 @@ def batched_kernel(kernel, names: frozenset):
         return n
 
     lhs = Access(eq.output, (idx,) + tuple(slot(s) for s in eq.lhs.indices))
-    text = str(type(eq)(lhs, eq.assign, map_expr(eq.rhs, node), eq.reduction, eq.finaliser))
-    return make(text, **kernel.options.as_kwargs())
+    batched = type(eq)(lhs, eq.assign, map_expr(eq.rhs, node), eq.reduction, eq.finaliser)
+    return make(batched, **kernel.options.as_kwargs())
 
 
 def _to_front(t, bdim, size):

@@ -3,10 +3,14 @@
     tullio_py::forward(str key, Tensor[] tensors, float[] scalars) -> Tensor
     tullio_py::vjp(str key, str needs, Tensor grad, Tensor[] saved, float[] scalars) -> Tensor[]
 
-`key` is a JSON description of the kernel (its expression and options) and of the call (which
-names are tensors, which are Python scalars and of what type), so the ops need no registry that
-traced code would have to mutate: the real implementations rebuild the Kernel with `kernel()`
-(cached per expression and options).  The fake (meta) implementation of `forward` infers the
+`key` is a JSON description of the kernel (its expression, the indices it reads only as
+values, and its options) and of the call (which names are tensors, which are Python scalars and
+of what type): a torch op schema takes strings, not Kernels.  Building the key (once, while
+torch.compile traces the call) also files the Kernel under it in a bounded registry (`_BY_KEY`,
+a memo.Memo), so the op implementations find the very Kernel object traced, built from its
+Equation; only when the registry misses (a fresh process running a saved graph, or an entry
+dropped past the bound) is the Kernel rebuilt by parsing the key's text with those
+value-only indices (`kernel()`, cached per Equation and options).  The fake (meta) implementation of `forward` infers the
 output's shape with the same range inference as a real call, from the tensors' shapes, and its
 dtype with the torch rules of frontends/torch.py.  `vjp` is the registered autograd formula;
 arrays the gradients do not read are passed as zero-stride tensors of the right shape (one
@@ -44,10 +48,17 @@ def _eager(kernel, arrays):
     return kernel(**arrays)
 
 
+_BY_KEY = memo.Memo("torch_ops.kernels", 256)      # key -> the Kernel it was built from
+
+
 @torch.compiler.assume_constant_result
 def _key(kernel, tensors: tuple, scalars: tuple) -> str:
-    return json.dumps({"text": kernel.text, "options": _options(kernel), "tensors": list(tensors),
-                       "scalars": [list(s) for s in scalars]})
+    eq = kernel.equation      # printed: parse(text, indices) rebuilds it exactly
+    key = json.dumps({"text": str(eq), "indices": list(eq.value_indices),
+                      "options": _options(kernel), "tensors": list(tensors),
+                      "scalars": [list(s) for s in scalars]})
+    _BY_KEY[key] = kernel
+    return key
 
 
 def _options(kernel) -> dict:
@@ -73,19 +84,28 @@ def _gathers(slot):
 
 @memo.lru(maxsize=256)
 def _decode(key: str):
-    from ..factory import kernel as make
     d = json.loads(key)
+    k = _BY_KEY.get(key)
+    if k is None:           # not traced in this process: rebuilt from the text
+        k = _rebuild(d)
+    casts = {"int": int, "float": float, "bool": bool}
+    scalars = [(n, casts.get(t, float)) for n, t in d["scalars"]]
+    spec = tf.Spec(k, tuple(d["tensors"]), tuple(n for n, _ in scalars), ())
+    return k, spec, scalars
+
+
+def _rebuild(d: dict):
+    """The Kernel a key describes, from its text: parsed with the indices it reads only as
+    values (a Kernel built from an Equation has them), with its options."""
+    from ..factory import kernel as make
+    from ..parse import parse
     opts = dict(d["options"])
     if opts.get("ranges"):
         opts["ranges"] = {k: range(a, b) for k, (a, b) in opts["ranges"].items()}
     else:
         opts.pop("ranges", None)
     opts["nograd"] = tuple(opts.get("nograd") or ())
-    k = make(d["text"], **opts)
-    casts = {"int": int, "float": float, "bool": bool}
-    scalars = [(n, casts.get(t, float)) for n, t in d["scalars"]]
-    spec = tf.Spec(k, tuple(d["tensors"]), tuple(n for n, _ in scalars), ())
-    return k, spec, scalars
+    return make(parse(d["text"], tuple(d["indices"])), **opts)
 
 
 def _unpack(key: str, tensors, scalars):

@@ -20,7 +20,7 @@ def subset_kernel(kernel, needs):
     if others == tuple(sorted(kernel.options.nograd)):
         return kernel
     options = {k: v for k, v in kernel.options.as_kwargs().items() if k != "nograd"}
-    return make(kernel.text, **options, nograd=others)
+    return make(kernel.equation, **options, nograd=others)    # (not parsed again)
 
 
 _READS = memo.Memo("vjp.reads", 256)
