@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 
-from . import cache, memo
+from . import cache, memo, vecmath
 from .codegen import Source
 
 _HEADERS = {
@@ -29,7 +29,15 @@ _NUMBA_OPTIONS = dict(error_model="numpy")
 
 
 def module_text(source: Source, target: str) -> str:
-    return _HEADERS[target] + source.text
+    """The module of `source`: the header, the vector math functions it calls (vecmath.py,
+    compiled by `vector_function`; numpy's ufunc of the same name in plain Python), then the
+    function."""
+    used = [n for n in vecmath.FUNCTIONS if f"_vm_{n}(" in source.text]
+    if target == "python":
+        imports = "".join(f"_vm_{n} = _np.{n.split('_')[0]}\n" for n in used)
+    else:
+        imports = "".join(f"from tullio_py.jit import vm_{n} as _vm_{n}\n" for n in used)
+    return _HEADERS[target] + imports + source.text
 
 
 def _keyed_text(source: Source, target: str, signature: str) -> str:
@@ -38,6 +46,7 @@ def _keyed_text(source: Source, target: str, signature: str) -> str:
     head = (f"# tullio_py {__version__} kernel for numba {numba.__version__}, python "
             f"{sys.version_info[0]}.{sys.version_info[1]}; target {target}; parallel="
             f"{source.parallel}, fastmath={source.fastmath}, {_NUMBA_OPTIONS}\n"
+            f"# vector math: {_vecmath_hash()}\n"
             f"# arguments: {signature or 'any'}\n")
     return head + module_text(source, target)
 
@@ -70,6 +79,69 @@ def load(source: Source, target: str, signature: str = ""):
                         cache=module is not None, **_NUMBA_OPTIONS)(namespace[source.name])
         _LOADED[text] = fn
     return fn
+
+
+# ----------------------------------------------------------------------------- vector math
+# Kernels import vecmath's functions compiled here (`from tullio_py.jit import vm_exp_f32`),
+# each its own numba function with its own (strict) floating-point flags whatever the kernel's
+# fastmath (numba would otherwise compile it with the flags of the first kernel that calls
+# it), which LLVM inlines into the kernel's loops, which then vectorise.  Disk
+# cached kernels contain its machine code, so the kernel header names a hash of vecmath.py.
+_VM: dict = {}
+
+
+def __getattr__(name: str):
+    if name.startswith("vm_") and name[3:] in vecmath.FUNCTIONS:
+        return vector_function(name[3:])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def vector_function(name: str):
+    """The compiled vecmath function `name` (vecmath.FUNCTIONS)."""
+    fn = _VM.get(name)
+    if fn is None:
+        numba = _numba()
+        _register_pow2(numba)
+        fn = _VM[name] = numba.njit(error_model="numpy", fastmath=False)(vecmath.FUNCTIONS[name])
+    return fn
+
+
+def _register_pow2(numba):
+    """vecmath.pow2 in compiled code: (int(n) + bias) << mantissa bits, as the float."""
+    if _VM:
+        return
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic, overload
+
+    @intrinsic
+    def bits_pow2(typingctx, n):
+        if not isinstance(n, types.Float):
+            return None
+
+        def codegen(context, builder, sig, args):
+            width, mantissa, bias = (32, 23, 127) if n.bitwidth == 32 else (64, 52, 1023)
+            ity = ir.IntType(width)
+            i = builder.add(builder.fptosi(args[0], ity), ir.Constant(ity, bias))
+            return builder.bitcast(builder.shl(i, ir.Constant(ity, mantissa)),
+                                   context.get_value_type(n))
+        return n(n), codegen
+
+    @overload(vecmath.pow2)
+    def pow2(n):
+        if isinstance(n, types.Float):
+            return lambda n: bits_pow2(n)
+
+
+_VECMATH_HASH: list = []
+
+
+def _vecmath_hash() -> str:
+    if not _VECMATH_HASH:
+        import hashlib
+        with open(vecmath.__file__, "rb") as f:
+            _VECMATH_HASH.append(hashlib.sha256(f.read()).hexdigest()[:16])
+    return _VECMATH_HASH[0]
 
 
 class _Stats:

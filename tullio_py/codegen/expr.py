@@ -34,7 +34,14 @@ MATH = {
              "sigmoid": "(1.0 / (1.0 + {m}.exp(-{a})))",
              "real": "({a}).real", "imag": "({a}).imag"},
 }
-MATH["python"] = MATH["cpu"]
+MATH["python"] = dict(MATH["cpu"])
+# Compiled CPU kernels call vecmath.py's straight-line versions of these for float32 and
+# float64 (numba's np.exp is a scalar libm call, which keeps a loop from vectorising); in
+# plain Python (the same text) jit.module_text binds those names to numpy's ufuncs, and CUDA
+# keeps its math library.
+VECTOR = {"exp": "exp", "sigmoid": "exp"}
+MATH["cpu"].update({"exp": "_vm_exp_{t}({a})", "sigmoid": "(1.0 / (1.0 + _vm_exp_{t}(-{a})))"})
+_VECTOR_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 # cmath has no log1p / expm1.
 COMPLEX_MATH = {"cuda": {"log1p": "cmath.log(1 + {a})", "expm1": "(cmath.exp({a}) - 1)"}}
 
@@ -43,8 +50,11 @@ def call_text(target: str, f: str, args: list[str], arg_dtype=None) -> str:
     """Code of function f of the argument codes `args` (of dtype `arg_dtype`) on `target`."""
     cplx = arg_dtype is not None and dtypes.kind(arg_dtype) == "c"
     template = (COMPLEX_MATH.get(target, {}).get(f) if cplx else None) or MATH[target][f]
+    t = _VECTOR_DTYPES.get(arg_dtype) if target == "cpu" and f in VECTOR else None
+    if f in VECTOR and target == "cpu" and t is None:
+        template = MATH["python"][f]         # complex or float16: numpy's
     return template.format(a=args[0], b=args[1] if len(args) > 1 else "",
-                           m="cmath" if cplx else "math")
+                           m="cmath" if cplx else "math", t=t)
 
 
 def better(red: str, v: str, acc: str, dtype: np.dtype) -> str:

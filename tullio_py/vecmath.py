@@ -1,0 +1,84 @@
+"""exp written out for compiled CPU kernels, so that loops calling it vectorise.
+
+numba's LLVM has no vector math library: `np.exp` in a compiled loop is one scalar libm call
+per element and the loop stays scalar.  The functions here are straight-line code (no branch,
+no call): range reduction x = n*ln2 + r with n = round(x/ln2) and ln2 in a high and a low part
+(the high part has few significant bits, so n*hi is exact), Cephes' polynomial (float32) or
+rational (float64) approximation of exp(r) on |r| <= ln2/2, and scaling by 2**n through the
+exponent bits.  The scaling is two factors 2**n1 * 2**n2 (n1 + n2 = n, both in the normal
+exponent range), so that results between the smallest subnormal and the largest float are
+rounded once, as from numpy; x is first clamped to a range whose results are already 0 and
+inf, which overflow and underflow give without a test; NaN is selected back at the end.
+
+Each function is written for one dtype: every constant has that dtype, so the compiled code
+computes in it throughout (a float64 constant would widen float32 arithmetic).  They run as
+plain Python too (slowly); jit.py compiles them, with `pow2` as exponent-bit arithmetic.
+Accuracy against correctly rounded results: tests/test_vecmath.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def pow2(n):
+    """2.0**n in n's float dtype, for an integer-valued n with 2**n a normal float (jit.py
+    compiles it to `(int(n) + bias) << mantissa bits`, bitcast to the float)."""
+    return n.dtype.type(np.ldexp(n.dtype.type(1), int(n)))
+
+
+_f4, _f8 = np.float32, np.float64
+
+# float32: Cephes expf.  ln2 = C1 + C2, C1 with 9 significant bits.
+_LOG2E4, _HALF4, _ONE4 = _f4(1.44269504088896341), _f4(0.5), _f4(1.0)
+_C1_4, _C2_4 = _f4(0.693359375), _f4(-2.12194440e-4)
+_P0_4, _P1_4, _P2_4 = _f4(1.9875691500e-4), _f4(1.3981999507e-3), _f4(8.3334519073e-3)
+_P3_4, _P4_4, _P5_4 = _f4(4.1665795894e-2), _f4(1.6666665459e-1), _f4(5.0000001201e-1)
+# exp(-110) and exp(100) are 0 and inf in float32; n stays within [-159, 145].
+_LO4, _HI4 = _f4(-110.0), _f4(100.0)
+
+
+def exp_f32(x):
+    """np.exp of a float32 (within 1 ulp of the correctly rounded value; 0 below about -103.97,
+    subnormal results down to there, inf above about 88.72, NaN for NaN)."""
+    xc = x if x > _LO4 else _LO4
+    xc = xc if xc < _HI4 else _HI4
+    n = np.floor(xc * _LOG2E4 + _HALF4)
+    r = xc - n * _C1_4
+    r = r - n * _C2_4
+    z = r * r
+    y = (((((_P0_4 * r + _P1_4) * r + _P2_4) * r + _P3_4) * r + _P4_4) * r + _P5_4) * z + r + _ONE4
+    n1 = np.floor(n * _HALF4)
+    y = y * pow2(n1) * pow2(n - n1)
+    return y if x == x else x
+
+
+# float64: Cephes exp, exp(r) = 1 + 2 r P(r^2) / (Q(r^2) - r P(r^2)).  ln2 = C1 + C2.
+_LOG2E8, _HALF8, _ONE8, _TWO8 = _f8(1.4426950408889634073599), _f8(0.5), _f8(1.0), _f8(2.0)
+_C1_8, _C2_8 = _f8(6.93145751953125e-1), _f8(1.42860682030941723212e-6)
+_P0_8, _P1_8, _P2_8 = (_f8(1.26177193074810590878e-4), _f8(3.02994407707441961300e-2),
+                       _f8(9.99999999999999999910e-1))
+_Q0_8, _Q1_8, _Q2_8, _Q3_8 = (_f8(3.00198505138664455042e-6), _f8(2.52448340349684104192e-3),
+                              _f8(2.27265548208155028766e-1), _f8(2.00000000000000000009e0))
+# exp(-760) and exp(720) are 0 and inf in float64; n stays within [-1097, 1039].
+_LO8, _HI8 = _f8(-760.0), _f8(720.0)
+
+
+def exp_f64(x):
+    """np.exp of a float64 (within 1 ulp of the correctly rounded value; 0 below about -745.13,
+    subnormal results down to there, inf above about 709.78, NaN for NaN)."""
+    xc = x if x > _LO8 else _LO8
+    xc = xc if xc < _HI8 else _HI8
+    n = np.floor(xc * _LOG2E8 + _HALF8)
+    r = xc - n * _C1_8
+    r = r - n * _C2_8
+    z = r * r
+    p = r * ((_P0_8 * z + _P1_8) * z + _P2_8)
+    y = _ONE8 + _TWO8 * (p / ((((_Q0_8 * z + _Q1_8) * z + _Q2_8) * z + _Q3_8) - p))
+    n1 = np.floor(n * _HALF8)
+    y = y * pow2(n1) * pow2(n - n1)
+    return y if x == x else x
+
+
+# The functions above by name: jit.py compiles each as `vm_<name>`; codegen.expr writes calls
+# of `_vm_<name>` into CPU kernels.
+FUNCTIONS = {"exp_f32": exp_f32, "exp_f64": exp_f64}
