@@ -176,3 +176,17 @@ def test_hoisted_reads_are_the_plans():
     assert "_h0 = A_[i_, j_]" in text
     bare = codegen.render(replace(plan, hoists=())).text
     assert "_h0" not in bare and "A_[i_, j_] * B_[j_, k_]" in bare
+
+
+@pytest.mark.parametrize("expr,jam", [
+    ("y[s,c2,b] := x[pad(s+i-1,1,1),c1,b] * W[i,c1,c2]", ("c2", 4, 16)),   # padded row read
+    ("C[i,k] := where(A[i,j] > 0, A[i,j], 0) * B[J[j],k] * k", ("i", 4, 32)),  # gather, index
+])
+def test_padded_gathered_and_index_values(expr, jam):
+    r = np.random.default_rng(5)
+    arrays = (dict(x=rnd(21, 3, 19), W=rnd(3, 3, 6, seed=2)) if "pad" in expr else
+              dict(A=rnd(9, 13), B=rnd(13, 37, seed=1), J=r.integers(0, 13, 13)))
+    k = kernel(expr, blas=False)
+    got = np.asarray(k(**arrays))
+    assert k.plan_for(arrays, k.ranges(**arrays), got.dtype, got.shape)[0].jam == jam
+    np.testing.assert_allclose(got, _reference(expr, arrays), rtol=1e-12, atol=1e-12)

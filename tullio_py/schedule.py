@@ -5,6 +5,11 @@ module re-exports its names).
 Thread safety: an index is safe to split across threads when distinct values of it write
 distinct output elements, i.e. it appears bare in some left-hand position.  Reduction indices and
 indices that appear inside a shifted or gathered left-hand position are never split.
+
+Every choice that shapes the generated loops is made here and carried by the frozen Plan, so
+code generation only renders it: the accumulation form, lanes, cache blocks, register blocking
+(`jam`, jam_choice), and the reads loaded into locals outside the innermost loop (`hoists`,
+hoisted_reads; `fuse` for several statements in one loop nest).
 """
 from __future__ import annotations
 
