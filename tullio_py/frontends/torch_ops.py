@@ -10,7 +10,10 @@ torch.compile traces the call) also files the Kernel under it in a bounded regis
 a memo.Memo), so the op implementations find the very Kernel object traced, built from its
 Equation; only when the registry misses (a fresh process running a saved graph, or an entry
 dropped past the bound) is the Kernel rebuilt by parsing the key's text with those
-value-only indices (`kernel()`, cached per Equation and options).  The fake (meta) implementation of `forward` infers the
+value-only indices (`kernel()`, cached per Equation and options).  The key names a kernel and
+a call's kinds of arguments, not its arrays (no dtype, shape or stride is in it: the op serves
+any tensors); signature.py's call signatures and compile keys apply inside that Kernel.
+The fake (meta) implementation of `forward` infers the
 output's shape with the same range inference as a real call, from the tensors' shapes, and its
 dtype with the torch rules of frontends/torch.py.  `vjp` is the registered autograd formula;
 arrays the gradients do not read are passed as zero-stride tensors of the right shape (one
