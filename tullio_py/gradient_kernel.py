@@ -126,7 +126,7 @@ class Gradient:
         if st.reads_output and eq.output not in ns:
             ns[eq.output] = (out_value if out_value is not None else
                              k(**{n: v for n, v in call.items() if n != eq.output or eq.assign != ":="}))
-        key = (sig, tuple(rng.items())) if st.gathers else sig
+        key = sig.with_ranges(rng) if st.gathers else sig
         hit = self._plans.get(key)
         if hit is None:
             inputs = {name: scalars.get(name, collected.get(name)) for name, _ in d.grads}

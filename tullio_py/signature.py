@@ -89,6 +89,13 @@ class CallSignature(NamedTuple):
         return _new(CallSignature, (tuple(sigs), rng, "" if dtype is None else dtype.str,
                                     tuple(out_shape), extra))
 
+    def with_ranges(self, ranges: dict) -> "CallSignature":
+        """This signature with these index ranges (start, stop and step: range objects compare
+        as sequences, so every empty range equals every other)."""
+        return _new(CallSignature, (self.arrays, tuple([(n, r.start, r.stop, r.step)
+                                                        for n, r in ranges.items()]),
+                                    self.dtype, self.out_shape, self.extra))
+
     @property
     def array_sigs(self) -> tuple:
         return tuple(ArraySig._make(a) for a in self.arrays)
