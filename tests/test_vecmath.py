@@ -1,40 +1,50 @@
-"""vecmath.py's exp against correctly rounded references, over the whole float range, compiled
+"""vecmath.py's exp and log against correctly rounded references, over the whole float range, compiled
 (as kernels call it) and as plain Python; and that kernels call it where they should."""
 import numpy as np
 import pytest
 
 from tullio_py import jit, kernel, vecmath
 
-# dtype: (sweep range, reference dtype).  longdouble has 64 significand bits on x86-64
-# Linux; where it is just float64 the float64 sweep checks against numpy's own exp.
-CASES = {np.float32: ((-110.0, 90.0), np.float64), np.float64: ((-750.0, 712.0), np.longdouble)}
-# Largest error in ulps allowed (measured on 1e6 sweep values: 0.96 for float32, 1.54 for
-# float64, where Cephes' rational approximation rounds twice more than numpy's exp).
-BOUND = {np.float32: 1.0, np.float64: 1.6}
+# Reference dtype per dtype: longdouble has 64 significand bits on x86-64 Linux (where it is
+# just float64, the float64 sweeps check against numpy's own functions).
+REF = {np.float32: np.float64, np.float64: np.longdouble}
+# Largest error in ulps allowed (measured on the sweeps: exp 0.96 for float32, 1.54 for
+# float64, where Cephes' rational approximation rounds twice more than numpy's exp; log 0.78
+# and 0.88).  numpy's own errors for comparison: exp 2.37 / 0.71, log 3.31 / 0.60.
+BOUND = {("exp", np.float32): 1.0, ("exp", np.float64): 1.6, ("log", np.float32): 1.0,
+         ("log", np.float64): 1.0}
+NUMPY_BOUND = 3.5
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-30, -1e-30]
 
 
-def sweep(dtype, n=1_000_000, seed=0):
-    """n values spanning the range where exp goes from 0 to inf (uniform, plus values near
-    the overflow and underflow thresholds, tiny ones and the special values)."""
-    (lo, hi), _ = CASES[dtype]
+def sweep(func, dtype, n=1_000_000, seed=0):
+    """n values over the whole domain of `func` in `dtype`, plus the special values.  exp:
+    uniform over (and beyond) the range where exp goes from 0 to inf, values near the
+    overflow, underflow and subnormal thresholds, and tiny ones; log: log-uniform over all
+    positive floats (subnormal included), uniform near 1 and on [0.5, 2]."""
     info = np.finfo(dtype)
     rng = np.random.default_rng(seed)
-    over, under = np.log(info.max), np.log(info.smallest_subnormal)
-    near = np.concatenate([rng.uniform(t - 1, t + 1, n // 20) for t in (over, under,
-                                                                          np.log(info.tiny))])
-    tiny = rng.standard_normal(n // 20) * 10.0 ** rng.uniform(-40, 0, n // 20)
-    rest = rng.uniform(lo, hi, n - near.size - tiny.size)
-    return np.concatenate([rest, near, tiny, SPECIAL]).astype(dtype)
+    if func == "exp":
+        over, under = np.log(info.max), np.log(info.smallest_subnormal)
+        parts = [rng.uniform(t - 1, t + 1, n // 20) for t in (over, under, np.log(info.tiny))]
+        parts.append(rng.standard_normal(n // 20) * 10.0 ** rng.uniform(-40, 0, n // 20))
+        lo, hi = under - 5, over + 2
+    else:
+        lo, hi = np.log2(info.smallest_subnormal), np.log2(info.max)
+        parts = [2.0 ** rng.uniform(lo, hi, n // 2), 1 + rng.standard_normal(n // 10) * 1e-3,
+                 [info.smallest_subnormal, info.tiny, info.max, -info.max]]
+        lo, hi = 0.5, 2.0
+    parts.append(rng.uniform(lo, hi, n - sum(map(len, parts))))
+    return np.concatenate(parts + [SPECIAL]).astype(dtype)
 
 
-def ulp_error(got, x, dtype):
-    """|got - exp(x)| in units of the last place of exp(x) rounded to `dtype` (its spacing at
-    the correctly rounded value: subnormal spacing below the normal range); 0 where both are
-    the same inf or NaN."""
-    _, ref_type = CASES[dtype]
-    with np.errstate(over="ignore", under="ignore"):
-        exact = np.exp(x.astype(ref_type))
+def ulp_error(func, got, x, dtype):
+    """|got - func(x)| in units of the last place of func(x) rounded to `dtype` (its spacing
+    at the correctly rounded value: subnormal spacing below the normal range); 0 where both
+    are the same inf or NaN."""
+    ref_type = REF[dtype]
+    with np.errstate(all="ignore"):
+        exact = getattr(np, func)(x.astype(ref_type))
         rounded = exact.astype(dtype)
         finite = np.isfinite(rounded)
         ulp = np.spacing(np.abs(rounded[finite])).astype(ref_type)
@@ -43,6 +53,10 @@ def ulp_error(got, x, dtype):
     same = (got[~finite] == rounded[~finite]) | (np.isnan(got[~finite]) & np.isnan(rounded[~finite]))
     err[~finite] = np.where(same, 0.0, np.inf)
     return err
+
+
+def name(func, dtype):
+    return f"{func}_f{8 * np.dtype(dtype).itemsize}"
 
 
 def test_a_fastmath_kernel_does_not_change_it():
@@ -79,34 +93,35 @@ def loop():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_exp_is_within_bound_ulps_over_the_float_range(loop, dtype):
-    x = sweep(dtype)
-    got = loop(f"exp_{'f32' if dtype == np.float32 else 'f64'}", x)
+@pytest.mark.parametrize("func", ["exp", "log"])
+def test_within_bound_ulps_over_the_float_range(loop, func, dtype):
+    x = sweep(func, dtype)
+    got = loop(name(func, dtype), x)
     assert got.dtype == dtype
-    err = ulp_error(got, x, dtype)
+    err = ulp_error(func, got, x, dtype)
     worst = int(np.argmax(err))
-    assert err.max() <= BOUND[dtype], (x[worst], got[worst], err.max())
-    with np.errstate(over="ignore", under="ignore"):
-        mine = np.exp(x)                        # numpy's own (float32: up to ~2.4 ulp)
-    assert ulp_error(mine, x, dtype).max() <= 3.0   # the reference agrees with numpy
-    assert np.array_equal(np.isinf(got), np.isinf(mine))
-    assert np.array_equal(got == 0, mine == 0)
-    assert np.array_equal(np.isnan(got), np.isnan(x))
+    assert err.max() <= BOUND[func, dtype], (x[worst], got[worst], err.max())
+    with np.errstate(all="ignore"):
+        mine = getattr(np, func)(x)             # numpy's own, for comparison
+    assert ulp_error(func, mine, x, dtype).max() <= NUMPY_BOUND   # the reference agrees
+    for same in (np.isinf, np.isnan, lambda v: v == 0, lambda v: np.signbit(v) & (v == v)):
+        assert np.array_equal(same(got), same(mine))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_exp_runs_as_plain_python(dtype):
-    """The same functions uncompiled (pow2 through np.ldexp) give the same values."""
-    x = np.array(SPECIAL + [-104.0, -87.5, 88.5, -745.0, 709.0, 3.7], dtype)
-    f = vecmath.FUNCTIONS[f"exp_{'f32' if dtype == np.float32 else 'f64'}"]
-    with np.errstate(over="ignore", under="ignore"):
-        got = np.array([f(v) for v in x])
+@pytest.mark.parametrize("func", ["exp", "log"])
+def test_runs_as_plain_python(func, dtype):
+    """The same functions uncompiled (pow2, exponent, mantissa through numpy) agree."""
+    x = np.array(SPECIAL + [-104.0, -87.5, 88.5, -745.0, 709.0, 3.7, 1e-40, 1e-310], dtype)
+    with np.errstate(all="ignore"):
+        got = np.array([vecmath.FUNCTIONS[name(func, dtype)](v) for v in x])
     assert got.dtype == dtype
-    assert ulp_error(got, x, dtype).max() <= BOUND[dtype]
+    assert ulp_error(func, got, x, dtype).max() <= BOUND[func, dtype]
 
 
 EXP = kernel("e[i,j] := exp(x[i,j] - m[i])")
 SIGMOID = kernel("s[i] := sigmoid(x[i])")
+LOG = kernel("y[i] := log(x[i]) * 2")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -128,3 +143,16 @@ def test_kernels_call_it_on_cpu_and_numpy_in_python(dtype):
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         np.testing.assert_array_equal(py(x=x, m=m), want)
     assert "_vm_exp_f64 = _np.exp" in py.source("python")     # the text of float64 calls
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+def test_log_kernel(dtype):
+    """log's specials and dtypes in a kernel: integers are read as float64, as numpy does."""
+    x = np.array([0, -1, 1, 3, 2 ** 20, 7, 1e-30, np.inf, np.nan, -np.inf] * 3)
+    x = (x[np.isfinite(x) & (np.abs(x) < 2 ** 31) & (x == np.round(x))] if dtype == np.int32
+         else x).astype(dtype)
+    got = LOG(x=x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.log(x) * 2
+    assert got.dtype == want.dtype and "_vm_log_" in LOG.forward_code
+    np.testing.assert_allclose(got, want, rtol=4 * np.finfo(want.dtype).eps)

@@ -101,36 +101,60 @@ def vector_function(name: str):
     fn = _VM.get(name)
     if fn is None:
         numba = _numba()
-        _register_pow2(numba)
+        _register_bits(numba)
         fn = _VM[name] = numba.njit(error_model="numpy", fastmath=False)(vecmath.FUNCTIONS[name])
     return fn
 
 
-def _register_pow2(numba):
-    """vecmath.pow2 in compiled code: (int(n) + bias) << mantissa bits, as the float."""
+def _register_bits(numba):
+    """vecmath's pow2, exponent and mantissa in compiled code, as integer operations on the
+    float's bits (IEEE layout: sign, exponent biased by `bias`, `mantissa` fraction bits)."""
     if _VM:
         return
     from llvmlite import ir
     from numba.core import types
     from numba.extending import intrinsic, overload
 
-    @intrinsic
-    def bits_pow2(typingctx, n):
-        if not isinstance(n, types.Float):
-            return None
+    def layout(t):
+        width, mant, bias = (32, 23, 127) if t.bitwidth == 32 else (64, 52, 1023)
+        return ir.IntType(width), mant, bias
 
-        def codegen(context, builder, sig, args):
-            width, mantissa, bias = (32, 23, 127) if n.bitwidth == 32 else (64, 52, 1023)
-            ity = ir.IntType(width)
-            i = builder.add(builder.fptosi(args[0], ity), ir.Constant(ity, bias))
-            return builder.bitcast(builder.shl(i, ir.Constant(ity, mantissa)),
-                                   context.get_value_type(n))
-        return n(n), codegen
+    def bits_intrinsic(build):
+        @intrinsic
+        def op(typingctx, x):
+            if not isinstance(x, types.Float):
+                return None
 
-    @overload(vecmath.pow2)
-    def pow2(n):
-        if isinstance(n, types.Float):
-            return lambda n: bits_pow2(n)
+            def codegen(context, builder, sig, args):
+                ity, mant, bias = layout(x)
+                const = lambda v: ir.Constant(ity, v)               # noqa: E731
+                return build(builder, args[0], ity, const, mant, bias,
+                             context.get_value_type(x))
+            return x(x), codegen
+        return op
+
+    def pow2_bits(b, x, ity, c, mant, bias, fty):       # (int(x) + bias) << mant
+        return b.bitcast(b.shl(b.add(b.fptosi(x, ity), c(bias)), c(mant)), fty)
+
+    def exponent_bits(b, x, ity, c, mant, bias, fty):   # ((bits >> mant) & max) - bias
+        e = b.and_(b.lshr(b.bitcast(x, ity), c(mant)), c(2 * bias + 1))
+        return b.sitofp(b.sub(e, c(bias)), fty)
+
+    def mantissa_bits(b, x, ity, c, mant, bias, fty):   # fraction bits | exponent of 1
+        f = b.and_(b.bitcast(x, ity), c((1 << mant) - 1))
+        return b.bitcast(b.or_(f, c(bias << mant)), fty)
+
+    def register(fn, build):
+        op = bits_intrinsic(build)
+
+        @overload(fn)
+        def typed(x):
+            if isinstance(x, types.Float):
+                return lambda x: op(x)
+
+    register(vecmath.pow2, pow2_bits)
+    register(vecmath.exponent, exponent_bits)
+    register(vecmath.mantissa, mantissa_bits)
 
 
 _VECMATH_HASH: list = []

@@ -20,10 +20,22 @@ from __future__ import annotations
 import numpy as np
 
 
-def pow2(n):
-    """2.0**n in n's float dtype, for an integer-valued n with 2**n a normal float (jit.py
-    compiles it to `(int(n) + bias) << mantissa bits`, bitcast to the float)."""
-    return n.dtype.type(np.ldexp(n.dtype.type(1), int(n)))
+def pow2(x):
+    """2.0**x in x's float dtype, for an integer-valued x with 2**x a normal float (compiled:
+    `(int(x) + bias) << mantissa bits` as the float)."""
+    return x.dtype.type(np.ldexp(x.dtype.type(1), int(x)))
+
+
+def exponent(x):
+    """floor(log2(x)) in x's float dtype, for a positive normal x (compiled: the exponent
+    bits)."""
+    return x.dtype.type(np.frexp(x)[1] - 1)
+
+
+def mantissa(x):
+    """x / 2**exponent(x), in [1, 2), for a positive normal x (compiled: the mantissa bits
+    under the exponent of 1)."""
+    return x.dtype.type(np.frexp(x)[0] * 2)
 
 
 _f4, _f8 = np.float32, np.float64
@@ -79,6 +91,70 @@ def exp_f64(x):
     return y if x == x else x
 
 
+# log: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log(x) = log1p(f) + e*ln2 with f = m - 1
+# (exact), log1p(f) = f - f**2/2 + f**3 R(f); e*ln2 in the parts of exp's ln2 (C1 * e exact).
+# Subnormal x is first scaled into the normal range; x <= 0, inf and NaN are selected.
+_SQRT2_4, _ZERO4, _NAN4, _INF4 = _f4(1.41421356237309504880), _f4(0.0), _f4(np.nan), _f4(np.inf)
+_TINY4, _SCALE4, _K4 = _f4(np.finfo(np.float32).tiny), _f4(2.0 ** 25), _f4(25.0)
+_L0_4, _L1_4, _L2_4 = _f4(7.0376836292e-2), _f4(-1.1514610310e-1), _f4(1.1676998740e-1)
+_L3_4, _L4_4, _L5_4 = _f4(-1.2420140846e-1), _f4(1.4249322787e-1), _f4(-1.6668057665e-1)
+_L6_4, _L7_4, _L8_4 = _f4(2.0000714765e-1), _f4(-2.4999993993e-1), _f4(3.3333331174e-1)
+
+
+def log_f32(x):
+    """np.log of a float32 (-inf at 0, NaN below 0 and for NaN, inf at inf)."""
+    sub = x < _TINY4
+    xs = x * _SCALE4 if sub else x
+    e = exponent(xs) - (_K4 if sub else _ZERO4)
+    m = mantissa(xs)
+    big = m > _SQRT2_4
+    m = m * _HALF4 if big else m
+    e = e + _ONE4 if big else e
+    f = m - _ONE4
+    z = f * f
+    y = ((((((((_L0_4 * f + _L1_4) * f + _L2_4) * f + _L3_4) * f + _L4_4) * f + _L5_4) * f
+          + _L6_4) * f + _L7_4) * f + _L8_4) * f * z
+    y = y + e * _C2_4
+    y = y - _HALF4 * z
+    r = f + y + e * _C1_4
+    r = r if x > _ZERO4 else (-_INF4 if x == _ZERO4 else _NAN4)
+    return r if x < _INF4 else x
+
+
+# float64: Cephes log, log1p(f) = f - f**2/2 + f**3 P(f) / Q(f), ln2 = C1 - C2.
+_SQRT2_8, _ZERO8, _NAN8, _INF8 = _f8(1.41421356237309504880), _f8(0.0), _f8(np.nan), _f8(np.inf)
+_TINY8, _SCALE8, _K8 = _f8(np.finfo(np.float64).tiny), _f8(2.0 ** 54), _f8(54.0)
+_LC1_8, _LC2_8 = _f8(0.693359375), _f8(2.121944400546905827679e-4)
+_LP0_8, _LP1_8, _LP2_8 = (_f8(1.01875663804580931796e-4), _f8(4.97494994976747001425e-1),
+                          _f8(4.70579119878881725854e0))
+_LP3_8, _LP4_8, _LP5_8 = (_f8(1.44989225341610930846e1), _f8(1.79368678507819816313e1),
+                          _f8(7.70838733755885391666e0))
+_LQ0_8, _LQ1_8, _LQ2_8 = (_f8(1.12873587189167450590e1), _f8(4.52279145837532221105e1),
+                          _f8(8.29875266912776603211e1))
+_LQ3_8, _LQ4_8 = _f8(7.11544750618563894466e1), _f8(2.31251620126765340583e1)
+
+
+def log_f64(x):
+    """np.log of a float64 (-inf at 0, NaN below 0 and for NaN, inf at inf)."""
+    sub = x < _TINY8
+    xs = x * _SCALE8 if sub else x
+    e = exponent(xs) - (_K8 if sub else _ZERO8)
+    m = mantissa(xs)
+    big = m > _SQRT2_8
+    m = m * _HALF8 if big else m
+    e = e + _ONE8 if big else e
+    f = m - _ONE8
+    z = f * f
+    p = ((((_LP0_8 * f + _LP1_8) * f + _LP2_8) * f + _LP3_8) * f + _LP4_8) * f + _LP5_8
+    q = ((((f + _LQ0_8) * f + _LQ1_8) * f + _LQ2_8) * f + _LQ3_8) * f + _LQ4_8
+    y = f * (z * p / q)
+    y = y - e * _LC2_8
+    y = y - _HALF8 * z
+    r = f + y + e * _LC1_8
+    r = r if x > _ZERO8 else (-_INF8 if x == _ZERO8 else _NAN8)
+    return r if x < _INF8 else x
+
+
 # The functions above by name: jit.py compiles each as `vm_<name>`; codegen.expr writes calls
 # of `_vm_<name>` into CPU kernels.
-FUNCTIONS = {"exp_f32": exp_f32, "exp_f64": exp_f64}
+FUNCTIONS = {"exp_f32": exp_f32, "exp_f64": exp_f64, "log_f32": log_f32, "log_f64": log_f64}
