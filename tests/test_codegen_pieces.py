@@ -94,6 +94,7 @@ def test_call_text_math_module_follows_the_argument_kind():
     assert call_text("cpu", "exp", ["a"], np.dtype("float32")) == "_vm_exp_f32(a)"
     assert call_text("cpu", "exp", ["a"], np.dtype("float16")) == "_np.exp(a)"
     assert call_text("cpu", "log", ["a"], f64) == "_vm_log_f64(a)"
+    assert call_text("cpu", "tanh", ["a"], np.dtype("float32")) == "_vm_tanh_f32(a)"
     assert call_text("cpu", "sigmoid", ["a"], c128) == "(1.0 / (1.0 + _np.exp(-a)))"
     assert call_text("python", "exp", ["a"], f64) == "_np.exp(a)"
     assert call_text("cpu", "real", ["a"], c128) == "(a).real"

@@ -1,4 +1,5 @@
-"""vecmath.py's exp and log against correctly rounded references, over the whole float range, compiled
+"""vecmath.py's exp, log and tanh against correctly rounded references over the whole float
+range, compiled
 (as kernels call it) and as plain Python; and that kernels call it where they should."""
 import numpy as np
 import pytest
@@ -10,9 +11,10 @@ from tullio_py import jit, kernel, vecmath
 REF = {np.float32: np.float64, np.float64: np.longdouble}
 # Largest error in ulps allowed (measured on the sweeps: exp 0.96 for float32, 1.54 for
 # float64, where Cephes' rational approximation rounds twice more than numpy's exp; log 0.78
-# and 0.88).  numpy's own errors for comparison: exp 2.37 / 0.71, log 3.31 / 0.60.
+# and 0.88; tanh 1.30 and 1.38).  numpy's own errors for comparison: exp 2.37 / 0.71, log
+# 3.31 / 0.60, tanh 1.37 / 1.18.
 BOUND = {("exp", np.float32): 1.0, ("exp", np.float64): 1.6, ("log", np.float32): 1.0,
-         ("log", np.float64): 1.0}
+         ("log", np.float64): 1.0, ("tanh", np.float32): 1.5, ("tanh", np.float64): 1.5}
 NUMPY_BOUND = 3.5
 SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-30, -1e-30]
 
@@ -21,7 +23,8 @@ def sweep(func, dtype, n=1_000_000, seed=0):
     """n values over the whole domain of `func` in `dtype`, plus the special values.  exp:
     uniform over (and beyond) the range where exp goes from 0 to inf, values near the
     overflow, underflow and subnormal thresholds, and tiny ones; log: log-uniform over all
-    positive floats (subnormal included), uniform near 1 and on [0.5, 2]."""
+    positive floats (subnormal included), uniform near 1 and on [0.5, 2]; tanh: uniform on
+    [-25, 25] (where it reaches +-1) and near the switch at +-0.625, and tiny values."""
     info = np.finfo(dtype)
     rng = np.random.default_rng(seed)
     if func == "exp":
@@ -29,6 +32,10 @@ def sweep(func, dtype, n=1_000_000, seed=0):
         parts = [rng.uniform(t - 1, t + 1, n // 20) for t in (over, under, np.log(info.tiny))]
         parts.append(rng.standard_normal(n // 20) * 10.0 ** rng.uniform(-40, 0, n // 20))
         lo, hi = under - 5, over + 2
+    elif func == "tanh":
+        parts = [rng.uniform(-0.7, 0.7, n // 5),
+                 rng.standard_normal(n // 20) * 10.0 ** rng.uniform(-40, 0, n // 20)]
+        lo, hi = -25.0, 25.0
     else:
         lo, hi = np.log2(info.smallest_subnormal), np.log2(info.max)
         parts = [2.0 ** rng.uniform(lo, hi, n // 2), 1 + rng.standard_normal(n // 10) * 1e-3,
@@ -93,7 +100,7 @@ def loop():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("func", ["exp", "log"])
+@pytest.mark.parametrize("func", ["exp", "log", "tanh"])
 def test_within_bound_ulps_over_the_float_range(loop, func, dtype):
     x = sweep(func, dtype)
     got = loop(name(func, dtype), x)
@@ -109,10 +116,11 @@ def test_within_bound_ulps_over_the_float_range(loop, func, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("func", ["exp", "log"])
+@pytest.mark.parametrize("func", ["exp", "log", "tanh"])
 def test_runs_as_plain_python(func, dtype):
     """The same functions uncompiled (pow2, exponent, mantissa through numpy) agree."""
-    x = np.array(SPECIAL + [-104.0, -87.5, 88.5, -745.0, 709.0, 3.7, 1e-40, 1e-310], dtype)
+    x = np.array(SPECIAL + [-104.0, -87.5, 88.5, -745.0, 709.0, 3.7, 1e-40, 1e-310, 0.3, -0.7],
+                 dtype)
     with np.errstate(all="ignore"):
         got = np.array([vecmath.FUNCTIONS[name(func, dtype)](v) for v in x])
     assert got.dtype == dtype
@@ -122,6 +130,7 @@ def test_runs_as_plain_python(func, dtype):
 EXP = kernel("e[i,j] := exp(x[i,j] - m[i])")
 SIGMOID = kernel("s[i] := sigmoid(x[i])")
 LOG = kernel("y[i] := log(x[i]) * 2")
+TANH = kernel("y[i] := tanh(x[i]) * 2")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -156,3 +165,13 @@ def test_log_kernel(dtype):
         want = np.log(x) * 2
     assert got.dtype == want.dtype and "_vm_log_" in LOG.forward_code
     np.testing.assert_allclose(got, want, rtol=4 * np.finfo(want.dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tanh_kernel(dtype):
+    x = np.array([0.0, -0.0, 0.3, -0.7, 5.0, -30.0, 1e-30, np.inf, -np.inf, np.nan] * 3, dtype)
+    got = TANH(x=x)
+    want = np.tanh(x) * 2
+    assert got.dtype == dtype and "_vm_tanh_" in TANH.forward_code
+    np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps)
+    assert np.array_equal(np.signbit(got) & (got == got), np.signbit(want) & (want == want))

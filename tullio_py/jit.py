@@ -155,6 +155,14 @@ def _register_bits(numba):
     register(vecmath.pow2, pow2_bits)
     register(vecmath.exponent, exponent_bits)
     register(vecmath.mantissa, mantissa_bits)
+    def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
+        @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})
+        def typed(x):
+            if isinstance(x, types.Float):
+                return fn
+
+    for fn in vecmath.FUNCTIONS.values():
+        callable_inside(fn)
 
 
 _VECMATH_HASH: list = []

@@ -1,4 +1,4 @@
-"""exp written out for compiled CPU kernels, so that loops calling it vectorise.
+"""exp, log and tanh written out for compiled CPU kernels, so that loops calling it vectorise.
 
 numba's LLVM has no vector math library: `np.exp` in a compiled loop is one scalar libm call
 per element and the loop stays scalar.  The functions here are straight-line code (no branch,
@@ -155,6 +155,44 @@ def log_f64(x):
     return r if x < _INF8 else x
 
 
+# tanh: x + x**3 R(x**2) for |x| < 0.625 (Cephes), else sign(x) (1 - 2 / (exp(2|x|) + 1)),
+# which is 1 once exp overflows; both computed, one selected.  tanh(NaN) is NaN, tanh(-0.0) -0.0.
+_SMALL4, _TWO4 = _f4(0.625), _f4(2.0)
+_T0_4, _T1_4, _T2_4 = _f4(-5.70498872745e-3), _f4(2.06390887954e-2), _f4(-5.37397155531e-2)
+_T3_4, _T4_4 = _f4(1.33314422036e-1), _f4(-3.33332819422e-1)
+
+
+def tanh_f32(x):
+    """np.tanh of a float32."""
+    a = x if x >= _ZERO4 else -x
+    z = x * x
+    small = x + ((((_T0_4 * z + _T1_4) * z + _T2_4) * z + _T3_4) * z + _T4_4) * z * x
+    small = x if z == _ZERO4 else small         # tiny x (and -0.0): x, sign kept
+    big = _ONE4 - _TWO4 / (exp_f32(a + a) + _ONE4)
+    big = big if x >= _ZERO4 else -big
+    return small if a < _SMALL4 else (big if x == x else x)
+
+
+_SMALL8 = _f8(0.625)
+_TP0_8, _TP1_8, _TP2_8 = (_f8(-9.64399179425052238628e-1), _f8(-9.92877231001918586564e1),
+                          _f8(-1.61468768441708447952e3))
+_TQ0_8, _TQ1_8, _TQ2_8 = (_f8(1.12811678491632931402e2), _f8(2.23548839060100448583e3),
+                          _f8(4.84406305325125486048e3))
+
+
+def tanh_f64(x):
+    """np.tanh of a float64."""
+    a = x if x >= _ZERO8 else -x
+    z = x * x
+    small = x + x * (z * ((_TP0_8 * z + _TP1_8) * z + _TP2_8)
+                     / (((z + _TQ0_8) * z + _TQ1_8) * z + _TQ2_8))
+    small = x if z == _ZERO8 else small
+    big = _ONE8 - _TWO8 / (exp_f64(a + a) + _ONE8)
+    big = big if x >= _ZERO8 else -big
+    return small if a < _SMALL8 else (big if x == x else x)
+
+
 # The functions above by name: jit.py compiles each as `vm_<name>`; codegen.expr writes calls
 # of `_vm_<name>` into CPU kernels.
-FUNCTIONS = {"exp_f32": exp_f32, "exp_f64": exp_f64, "log_f32": log_f32, "log_f64": log_f64}
+FUNCTIONS = {"exp_f32": exp_f32, "exp_f64": exp_f64, "log_f32": log_f32, "log_f64": log_f64,
+             "tanh_f32": tanh_f32, "tanh_f64": tanh_f64}

@@ -39,8 +39,9 @@ MATH["python"] = dict(MATH["cpu"])
 # float64 (numba's np.exp is a scalar libm call, which keeps a loop from vectorising); in
 # plain Python (the same text) jit.module_text binds those names to numpy's ufuncs, and CUDA
 # keeps its math library.
-VECTOR = ("exp", "log", "sigmoid")
+VECTOR = ("exp", "log", "tanh", "sigmoid")
 MATH["cpu"].update({"exp": "_vm_exp_{t}({a})", "log": "_vm_log_{t}({a})",
+                    "tanh": "_vm_tanh_{t}({a})",
                     "sigmoid": "(1.0 / (1.0 + _vm_exp_{t}(-{a})))"})
 _VECTOR_DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 # cmath has no log1p / expm1.
