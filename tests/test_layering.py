@@ -20,10 +20,12 @@ STAGE = {
     "codegen.text": 4.5, "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7,
     "codegen.expr": 4.7, "codegen.nest": 4.8, "codegen.blocked": 4.9, "codegen.cpu": 5, "codegen.cuda": 5.5,
     "codegen.fused": 5.5, "codegen.__init__": 6, "codegen": 6, "jit": 7, "callpath": 8,
-    "tape": 8, "frontends.cuda": 8, "vjp_plan": 8.1, "vjp_run": 8.2, "frontends.cuda_vjp": 8.5, "gradient_kernel": 9,
+    "tape": 8, "frontends.cuda": 8, "vjp_plan": 8.1, "vjp_run": 8.2, "frontends.numpy": 8.2,
+    "frontends.cuda_vjp": 8.5, "frontends.cuda_call": 8.7, "gradient_kernel": 9,
     "tangent_kernel": 9.2, "frontends.vjp": 9.3, "explain": 9.5, "frontends.dask_graph": 9.6,
     "frontends.dask": 9.7, "frontends.torch": 9.8, "frontends.torch_higher": 9.82, "frontends.torch_autograd": 9.85,
-    "frontends.torch_inplace": 9.86, "frontends.torch_ops": 9.9, "frontends.torch_call": 9.95, "kernel": 10, "nn": 14,
+    "frontends.torch_inplace": 9.86, "frontends.torch_ops": 9.9, "frontends.torch_call": 9.95,
+    "frontends.registry": 9.99, "kernel": 10, "nn": 14,
     "__init__": 15, "__main__": 16,
 }
 HEAVY = {"sympy": {"grad_sympy"}, "torch": {"frontends.torch", "frontends.torch_autograd",
@@ -87,6 +89,19 @@ def test_imports_go_one_way(name, path):
         assert STAGE[target] < STAGE[name], (
             f"{name} (stage {STAGE[name]}) imports {target} (stage {STAGE[target]})"
             f"{'' if top_level else ' inside a function'}")
+
+
+def test_frontends_never_import_kernel():
+    """A frontend gets the Kernel object and uses its public methods: no module under
+    tullio_py/frontends imports tullio_py.kernel, at module level or in a function, and
+    kernel.py imports the frontends only inside functions (registry.py picks them lazily)."""
+    for name, path in modules():
+        if name.startswith("frontends."):
+            found = [t for t, _, ext in imports(name, path) if not ext and t == "kernel"]
+            assert found == [], f"{name} imports tullio_py.kernel"
+            assert "tullio_py.kernel" not in path.read_text(), name     # (importlib by name)
+    assert not [t for t, top, ext in imports("kernel", PKG / "kernel.py")
+                if not ext and top and t.startswith("frontends")]
 
 
 def test_no_import_cycles():

@@ -1,8 +1,11 @@
 """`Kernel`, `kernel()` and `tullio()`: the stages tied together, with an in-memory cache.
 
 Statically per expression: parse (and later, gradients).  Per call signature (dtypes, ranks,
-layouts, threading): rewrite, plan, render, compile -- once.  Per call: check the arrays, infer
-the ranges (a few integer operations), allocate, call the compiled function positionally.
+layouts, threading): rewrite, plan, render, compile -- once.  Per call: a call like an earlier
+one is replayed (callpath.py); any other goes to the frontend its arrays' type picks
+(frontends/registry.py: torch, dask, CUDA, numpy), which checks the arrays, infers the ranges,
+allocates and calls the compiled function.  Inside `with Tape()` the Tape records the call
+first (the torch frontend consults it itself).
 """
 from __future__ import annotations
 
@@ -15,12 +18,11 @@ import numpy as np
 from . import blas as _blas
 from . import blas_shift as _shift
 from . import bind as binding
-from . import callpath, codegen, dtypes, factory, summation, jit, memo, overlap, ranges as ranges_mod, rewrite, schedule
+from . import callpath, codegen, dtypes, factory, summation, jit, memo, ranges as ranges_mod, rewrite, schedule
 from .signature import CallSignature, CompileKey, dims_by_stride
-from .frontends import cuda as _cuda  # cheap: numba is imported on a CUDA call only
-from .errors import ArgumentError, ParseError, RangeError, SummationWarning
+from .errors import ArgumentError, ParseError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
-from .ir import Affine, Equation, Gather, as_parsed
+from .ir import Equation, as_parsed
 from .parse import parse
 from . import tape as _tape
 
@@ -109,45 +111,13 @@ class Kernel:
             out = self._calls.call(arrays)  # with the names, dtypes, shapes of an earlier call
             if out is not None:
                 return out
-        torch = sys.modules.get("torch")    # torch tensors go to their frontend (torch loaded),
-        if torch is not None and any(isinstance(v, torch.Tensor) for v in arrays.values()):
-            from .frontends import torch_call   # which consults the Tape itself
-            return torch_call.call(self, arrays)        # (torch.compile cannot trace it)
-        if "dask.array" in sys.modules and _dask_frontend().wants(arrays):
-            return _dask_frontend().call(self, arrays)     # a lazy graph of blocks
-        tape = _tape.current()              # inside `with Tape()`: record, then run untaped
-        if tape is not None:
-            return tape.run(self, arrays)
-        if self.target != "cpu" and self.target != "python" and _cuda.wants_cuda(self, arrays):
-            return _cuda.call(self, arrays)
-        given = arrays
-        eq = self.equation
-        b = binding.bind(eq, self.options, arrays)     # every check of the arrays
-        collected, rng = b.arrays, b.ranges
-        arrays = overlap.snapshot_aliases(eq, collected)   # inputs aliasing an in-place output
-        if self._blas is not None and _blas.worth(self._blas, rng, arrays):
-            return _blas.run(self._blas, eq, arrays, b.dtype,
-                             None if eq.assign == ":=" else arrays[eq.output])
-        if self._shift is not None:
-            done = self._shift.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
-                                    b.dtype, self.pad, self._loop_threads())
-            if done is not None:
-                return done
-        if eq.assign == ":=":
-            out = np.full(b.shape, self.pad, b.dtype) if b.fill else np.empty(b.shape, b.dtype)
-        else:
-            out = arrays[eq.output]
-        dtype = b.dtype
-        prepared, call_ranges, extra_params = self._prepare(arrays, rng, dtype, out.shape)
-        args = self._arguments(prepared, arrays, out, call_ranges, extra_params)
-        self._launch(prepared, args)
-        self._last = prepared
-        # the fast path's key holds `ext`: a call with that key must be safe whatever it reads
-        if b.read == b.extrema or (binding.check_gathers(eq, arrays, b.extrema, raises=False)
-                                   and not (eq.assign == ":=" and any(
-                                       isinstance(s, Gather) for s in eq.lhs.indices))):
-            self._calls.remember(self, given, collected, prepared, args, out, b.fill)
-        return out
+        from .frontends import registry     # torch, dask, CUDA or numpy (registry.py)
+        frontend = registry.pick(self, arrays)
+        if not getattr(frontend, "TAPE", False):
+            tape = _tape.current()          # inside `with Tape()`: record, then run untaped
+            if tape is not None:
+                return tape.run(self, arrays)
+        return frontend.call(self, arrays)
 
     # ------------------------------------------------------------------ for the frontends
     @property
@@ -163,6 +133,11 @@ class Kernel:
     def compiled(self):
         """Compile key -> Prepared: the compiled functions of this statement (all targets)."""
         return self._prepared
+
+    @property
+    def call_cache(self) -> callpath.CallCache:
+        """The fast call path: calls the frontends ran in full are remembered here."""
+        return self._calls
 
     @property
     def blas_plan(self):
@@ -188,43 +163,17 @@ class Kernel:
         exactly the forward's ranges.  Returns (prepared, ranges, bound parameters); None
         when it ran through BLAS instead (blas.py: a pure contraction whose ranges cover
         every array; blas_shift.py: shifted reads and sub-ranges as strided views)."""
-        if self._whole_blas(arrays, rng, out):
-            res = _blas.run(self._blas, self.equation, {**arrays, **params}, out.dtype, out)
-            if res is not out:          # a `:=` statement: blas.run made a new array
-                out[...] = res
-            return None
-        if self._shift is not None:
-            done = self._shift.call({**arrays, **params}, rng, out, out.dtype, self.pad,
-                                    self._loop_threads())
-            if done is not None:
-                if done is not out:     # ':=' makes a new array: its values go into `out`
-                    out[...] = done
-                return None
-        prepared, call_ranges, extra = self._prepare(arrays, rng, out.dtype, out.shape)
-        self._launch(prepared, self._arguments(prepared, {**arrays, **params}, out,
-                                               call_ranges, extra))
-        return prepared, call_ranges, extra
+        from .frontends import numpy as host
+        return host.run_with_ranges(self, arrays, rng, out, params)
 
     def uses_blas(self, arrays: dict, rng: dict, out: np.ndarray) -> bool:
         """Whether run_with_ranges hands this call to BLAS (blas.py or blas_shift.py)."""
-        if self._whole_blas(arrays, rng, out):
-            return True
-        return (self._shift is not None and out.flags.writeable
-                and self._shift.plan(arrays, rng, out.shape, out.strides, out.dtype,
-                                     self._loop_threads()) is not None)
+        from .frontends import numpy as host
+        return host.uses_blas(self, arrays, rng, out)
 
-    def _whole_blas(self, arrays: dict, rng: dict, out: np.ndarray) -> bool:
-        return (self._blas is not None and _covers_arrays(self.equation, rng, arrays, out)
-                and _blas.worth(self._blas, rng, arrays))
-
-    def _loop_threads(self) -> int:
+    def loop_threads(self) -> int:
         """Threads the generated loops would run on (what BLAS over strided views must beat)."""
         return schedule.thread_count(self.threads, jit.max_threads()) or jit.max_threads()
-
-    def _launch(self, prepared, args):
-        """Call the compiled function on the thread count the `threads` option asks for."""
-        jit.call(prepared.fn, args, prepared.source.parallel,
-                 schedule.thread_count(self.threads, jit.max_threads()))
 
     def _prepare(self, arrays, rng, dtype, out_shape):
         plan, key, low = self.plan_for(arrays, rng, dtype, out_shape)
@@ -274,23 +223,6 @@ class Kernel:
                              plan.chunked, plan.partial, plan.collapse, plan.lanes), arrays)
         return plan, key, low
 
-    def _arguments(self, prepared, arrays, out, call_ranges, extra_params):
-        eq = prepared.equation
-        args = []
-        for name in prepared.source.args:
-            if name == eq.output:
-                args.append(out.reshape(1) if out.ndim == 0 else out)
-            elif name.startswith("_old_"):
-                old = out.copy()
-                args.append(old.reshape(1) if old.ndim == 0 else old)
-            elif name.startswith(("_start_", "_stop_")):
-                args.append(codegen.range_argument(name, call_ranges))
-            elif name in extra_params:
-                args.append(extra_params[name])
-            else:
-                args.append(arrays[name])
-        return args
-
     # ------------------------------------------------------------------ reading the code
     @property
     def forward_code(self) -> str:
@@ -328,13 +260,8 @@ class Kernel:
 
     def vjp(self, cotangent, **arrays) -> dict:
         """{input: gradient of sum(out * cotangent)}; pass the output too to skip recomputing it."""
-        if "dask.array" in sys.modules and _dask_frontend().wants({**arrays, "": cotangent}):
-            return _dask_frontend().vjp(self, cotangent, arrays)
-        if self.target not in ("cpu", "python") and _cuda.wants_cuda(
-                self, {**arrays, "": cotangent}):
-            from .frontends import cuda_vjp      # arrays in GPU memory: gradients stay there
-            return cuda_vjp.vjp(self._gradient(), cotangent, dict(arrays))
-        return self._gradient().vjp(cotangent, **arrays)
+        from .frontends import registry     # dask, CUDA or numpy (registry.py)
+        return registry.pick(self, {**arrays, "": cotangent}, "vjp").vjp(self, cotangent, arrays)
 
     @property
     def gradient_equations(self) -> dict:
@@ -369,22 +296,6 @@ class Kernel:
 
     def __repr__(self):
         return f"kernel({self.text!r})"
-
-
-def _dask_frontend():
-    from .frontends import dask
-    return dask
-
-
-def _covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bool:
-    """Every bare index runs over exactly the whole extent of each dimension it indexes."""
-    for acc in [eq.lhs] + eq.accesses():
-        shape = out.shape if acc.array == eq.output else np.shape(arrays[acc.array])
-        for d, s in enumerate(acc.indices):
-            r = rng.get(s.names[0]) if isinstance(s, Affine) and s.is_bare else None
-            if r is None or r.step != 1 or r.start != 0 or r.stop != shape[d]:
-                return False
-    return True
 
 
 # ----------------------------------------------------------------------------- public verbs

@@ -1,1 +1,2 @@
-"""Array frontends chosen by the type of the arrays passed to a kernel, each imported lazily."""
+"""Array frontends chosen by the type of the arrays passed to a kernel, each imported lazily
+(registry.py: the protocol and the order)."""

@@ -37,7 +37,10 @@ from ..ir import (Access, Affine, Binary, Call, Equation, Gather, IndexValue,
                   Param, Wrapped, slot_names, walk)
 from . import dask_graph as graph
 
-def wants(arrays: dict) -> bool:
+TAPE = True     # call() refuses to be recorded by a Tape itself (registry.py)
+
+
+def wants(arrays: dict, kernel=None) -> bool:
     """Whether any argument is a dask array (dask.array already imported by the caller)."""
     da = sys.modules.get("dask.array")
     return da is not None and any(isinstance(v, da.Array) for v in arrays.values())

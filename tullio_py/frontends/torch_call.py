@@ -1,8 +1,10 @@
 """Where a call with torch tensors goes: the Tape, the CUDA frontend, in-place statements,
 torch.compile's custom ops, the autograd Function, or straight to the compiled loops.
 
-`Kernel.__call__` hands a call here when any argument is a torch tensor (torch.py describes
-the conversions and the autograd rules).  Example: `C := A[i,j] * B[j,k]` with CPU tensors A
+`Kernel.__call__` hands a call here when any argument is a torch tensor (the torch frontend of
+registry.py; torch.py describes the conversions and the autograd rules).  It has no `vjp`:
+tensors get gradients through torch autograd, and `Kernel.vjp` on tensors runs where their
+memory is (the CUDA or numpy frontend).  Example: `C := A[i,j] * B[j,k]` with CPU tensors A
 and B where A requires grad goes to `torch_autograd.Apply`; under `torch.no_grad()` it runs
 `run_forward` directly; with `=` into a tensor it runs in that tensor's memory (`_in_place`);
 with CUDA tensors it goes to frontends/cuda.py.
@@ -16,6 +18,14 @@ from ..errors import ArgumentError, GradientError
 from . import vjp as vjp_mod
 from .torch import (HALF, Spec, is_wrapped, no_second_order, param_value, run_forward, to_numpy,
                     torch_threads)
+
+
+TAPE = True     # call() consults the Tape itself (torch.compile cannot trace reading it)
+
+
+def wants(arrays: dict, kernel=None) -> bool:
+    """Whether some argument is a torch tensor (CPU or CUDA)."""
+    return any(isinstance(v, torch.Tensor) for v in arrays.values())
 
 
 @torch_threads

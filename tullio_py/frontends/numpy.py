@@ -1,0 +1,131 @@
+"""numpy arrays in, numpy arrays out: the CPU path of a call (frontends/registry.py asks it
+last; it takes whatever the others do not: numpy arrays, Python scalars, 0-d arrays).
+
+describe: bind.py checks the arrays and infers the ranges, output shape and dtype;
+allocate: a new output (filled where some elements may not be written), or the in-place one;
+launch:   BLAS through numpy for a pure contraction worth it (blas.py), strided-view matmuls
+          when the cost model says so (blas_shift.py), else the compiled loops of
+          `Kernel.prepare` on the `threads` the kernel asks for.
+A call that ran the loops is remembered by the kernel's fast path (callpath.py), which replays
+later calls of the same signature without coming here.  `run_with_ranges` runs a statement
+over given ranges instead of inferred ones (the gradient side and dask blocks).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import bind as binding
+from .. import blas, codegen, jit, overlap, schedule
+from ..ir import Affine, Equation, Gather
+
+
+def wants(arrays: dict, kernel=None) -> bool:
+    """The last frontend asked: every call the others leave."""
+    return True
+
+
+def call(kernel, arrays: dict):
+    given = arrays
+    eq = kernel.equation
+    b = binding.bind(eq, kernel.options, arrays)     # every check of the arrays
+    collected, rng = b.arrays, b.ranges
+    arrays = overlap.snapshot_aliases(eq, collected)   # inputs aliasing an in-place output
+    contraction, shifted = kernel.blas_plan, kernel.shift_plan
+    if contraction is not None and blas.worth(contraction, rng, arrays):
+        return blas.run(contraction, eq, arrays, b.dtype,
+                        None if eq.assign == ":=" else arrays[eq.output])
+    if shifted is not None:
+        done = shifted.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
+                            b.dtype, kernel.pad, kernel.loop_threads())
+        if done is not None:
+            return done
+    if eq.assign == ":=":
+        out = np.full(b.shape, kernel.pad, b.dtype) if b.fill else np.empty(b.shape, b.dtype)
+    else:
+        out = arrays[eq.output]
+    prepared, call_ranges, extra_params = kernel.prepare(arrays, rng, b.dtype, out.shape)
+    args = arguments(prepared, arrays, out, call_ranges, extra_params)
+    launch(kernel, prepared, args)
+    kernel.last = prepared
+    # the fast path's key holds `ext`: a call with that key must be safe whatever it reads
+    if b.read == b.extrema or (binding.check_gathers(eq, arrays, b.extrema, raises=False)
+                               and not (eq.assign == ":=" and any(
+                                   isinstance(s, Gather) for s in eq.lhs.indices))):
+        kernel.call_cache.remember(kernel, given, collected, prepared, args, out, b.fill)
+    return out
+
+
+def vjp(kernel, cotangent, arrays: dict) -> dict:
+    """{input: gradient} with numpy arrays (gradient_kernel.py)."""
+    return kernel.gradient_side().vjp(cotangent, **arrays)
+
+
+# ----------------------------------------------------------------------------- launching
+def arguments(prepared, arrays: dict, out: np.ndarray, call_ranges: dict, extra_params: dict):
+    """The compiled function's positional arguments, in its order."""
+    eq = prepared.equation
+    args = []
+    for name in prepared.source.args:
+        if name == eq.output:
+            args.append(out.reshape(1) if out.ndim == 0 else out)
+        elif name.startswith("_old_"):
+            old = out.copy()
+            args.append(old.reshape(1) if old.ndim == 0 else old)
+        elif name.startswith(("_start_", "_stop_")):
+            args.append(codegen.range_argument(name, call_ranges))
+        elif name in extra_params:
+            args.append(extra_params[name])
+        else:
+            args.append(arrays[name])
+    return args
+
+
+def launch(kernel, prepared, args) -> None:
+    """Call the compiled function on the thread count the `threads` option asks for."""
+    jit.call(prepared.fn, args, prepared.source.parallel,
+             schedule.thread_count(kernel.threads, jit.max_threads()))
+
+
+def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: dict):
+    """Kernel.run_with_ranges: into `out`, over the given ranges."""
+    if whole_blas(kernel, arrays, rng, out):
+        res = blas.run(kernel.blas_plan, kernel.equation, {**arrays, **params}, out.dtype, out)
+        if res is not out:          # a `:=` statement: blas.run made a new array
+            out[...] = res
+        return None
+    if kernel.shift_plan is not None:
+        done = kernel.shift_plan.call({**arrays, **params}, rng, out, out.dtype, kernel.pad,
+                                      kernel.loop_threads())
+        if done is not None:
+            if done is not out:     # ':=' makes a new array: its values go into `out`
+                out[...] = done
+            return None
+    prepared, call_ranges, extra = kernel.prepare(arrays, rng, out.dtype, out.shape)
+    launch(kernel, prepared, arguments(prepared, {**arrays, **params}, out, call_ranges, extra))
+    return prepared, call_ranges, extra
+
+
+def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
+    """Kernel.uses_blas: whether run_with_ranges hands this call to BLAS."""
+    if whole_blas(kernel, arrays, rng, out):
+        return True
+    return (kernel.shift_plan is not None and out.flags.writeable
+            and kernel.shift_plan.plan(arrays, rng, out.shape, out.strides, out.dtype,
+                                       kernel.loop_threads()) is not None)
+
+
+def whole_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
+    """A pure contraction whose ranges cover every array, worth running through BLAS."""
+    return (kernel.blas_plan is not None and covers_arrays(kernel.equation, rng, arrays, out)
+            and blas.worth(kernel.blas_plan, rng, arrays))
+
+
+def covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bool:
+    """Every bare index runs over exactly the whole extent of each dimension it indexes."""
+    for acc in [eq.lhs] + eq.accesses():
+        shape = out.shape if acc.array == eq.output else np.shape(arrays[acc.array])
+        for d, s in enumerate(acc.indices):
+            r = rng.get(s.names[0]) if isinstance(s, Affine) and s.is_bare else None
+            if r is None or r.step != 1 or r.start != 0 or r.stop != shape[d]:
+                return False
+    return True
