@@ -88,6 +88,7 @@ def load(source: Source, target: str, signature: str = ""):
 # it), which LLVM inlines into the kernel's loops, which then vectorise.  Disk
 # cached kernels contain its machine code, so the kernel header names a hash of vecmath.py.
 _VM: dict = {}
+_VM_LOCK = threading.Lock()
 
 
 def __getattr__(name: str):
@@ -101,16 +102,20 @@ def vector_function(name: str):
     fn = _VM.get(name)
     if fn is None:
         numba = _numba()
-        _register_bits(numba)
-        fn = _VM[name] = numba.njit(error_model="numpy", fastmath=False)(vecmath.FUNCTIONS[name])
+        with _VM_LOCK:                          # the overloads are registered once
+            if not _VM:
+                _register_bits()
+            fn = _VM.get(name)
+            if fn is None:
+                fn = _VM[name] = numba.njit(error_model="numpy",
+                                            fastmath=False)(vecmath.FUNCTIONS[name])
     return fn
 
 
-def _register_bits(numba):
+def _register_bits():
     """vecmath's pow2, exponent and mantissa in compiled code, as integer operations on the
-    float's bits (IEEE layout: sign, exponent biased by `bias`, `mantissa` fraction bits)."""
-    if _VM:
-        return
+    float's bits (IEEE layout: sign, exponent biased by `bias`, `mantissa` fraction bits), and
+    the vecmath functions as callable from each other."""
     from llvmlite import ir
     from numba.core import types
     from numba.extending import intrinsic, overload
@@ -155,6 +160,7 @@ def _register_bits(numba):
     register(vecmath.pow2, pow2_bits)
     register(vecmath.exponent, exponent_bits)
     register(vecmath.mantissa, mantissa_bits)
+
     def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
         @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})
         def typed(x):
