@@ -211,17 +211,17 @@ def test_gradcheck_and_gradgradcheck(name):
     assert torch.autograd.gradgradcheck(f, args)
 
 
-def test_third_derivative_through_a_scatter_raises():
-    """The clamp gradient's scatter runs in place (torch_inplace.py): differentiable once more
-    (gradgradcheck above), and a third derivative is a GradientError, never a missing term."""
-    from tullio_py.errors import GradientError
+def test_third_derivative_through_a_scatter():
+    """The clamp gradient's scatter runs as a kernel and index_add (torch_higher._scatter), so
+    its gradient is differentiable again: gradgradcheck of the first gradient checks the
+    third derivatives against finite differences."""
     text, make, _ = SECOND["clamp"]
     k = kernel(text)
-    x, w, z = [v.requires_grad_() for v in make().values()]
-    (gx,) = torch.autograd.grad(k(x=x, w=w, z=z).pow(2).sum(), [x], create_graph=True)
-    (gw,) = torch.autograd.grad(gx.pow(2).sum(), [w], create_graph=True)
-    with pytest.raises(GradientError, match="double backward"):
-        torch.autograd.grad(gw.sum(), [z])
+    args = [v.requires_grad_() for v in make().values()]
+
+    def first(x, w, z):
+        return torch.autograd.grad(k(x=x, w=w, z=z).pow(2).sum(), [x], create_graph=True)[0]
+    assert torch.autograd.gradgradcheck(first, args)
 
 
 def test_hessian_vector_product_matches_torch():
@@ -260,12 +260,13 @@ def _local_conv_ref(x, W):
 OUTER = {"matmul": (lambda a, b: a @ b), "local_conv": _local_conv_ref}
 
 
-@pytest.mark.parametrize("outer", ["jacrev(jacfwd)", "hessian"])
-@pytest.mark.parametrize("name", list(OUTER))
+@pytest.mark.parametrize("name,outer", [("matmul", "jacrev(jacfwd)"), ("matmul", "hessian"),
+                                        ("local_conv", "hessian")])
 def test_second_order_transforms_match_torch(name, outer):
     """Reverse over forward (jacrev of jacfwd: the tangent statements run as kernels, so the
     tangent is differentiable) and torch.func.hessian (forward over reverse), against the
-    same layer in torch ops."""
+    same layer in torch ops (the local convolution's reverse over forward: the gradcheck
+    below, which compiles fewer batched kernels)."""
     text, make, _ = SECOND[name]
     k = kernel(text)
     values = make()
@@ -305,22 +306,24 @@ def test_reverse_over_forward_gradcheck(name):
     assert torch.autograd.gradcheck(tangent, args)
 
 
-def test_clamp_second_order_under_torch_func():
-    """Reverse over forward works through the clamp read (its tangent statement reads
-    through clamp on the right); the gradient statement writes through clamp on the left,
-    which under torch.func is first order only: hessian and jacrev(jacrev) raise a
-    GradientError (plain autograd differentiates it again: gradgradcheck above)."""
-    from tullio_py.errors import GradientError
+@pytest.mark.parametrize("outer", ["jacrev(jacfwd)", "hessian", "jacrev(jacrev)"])
+def test_clamp_second_order_under_torch_func(outer):
+    """The clamp read's tangent reads through clamp on the right, its gradient scatters
+    through clamp on the left (a kernel and index_add): every second-order composition of
+    torch.func matches the layer written with advanced indexing."""
     text, make, _ = SECOND["clamp"]
     k = kernel(text)
     x, w, z = make().values()
     idx = (torch.arange(5)[:, None] + torch.arange(3)[None] - 1).clamp(0, 4)
-    f = lambda x: k(x=x, w=w, z=z).sin().sum()                    # noqa: E731
-    ref = lambda x: ((x[idx] * w).sum(1) * z).sin().sum()         # noqa: E731
-    torch.testing.assert_close(jacrev(jacfwd(f))(x), jacrev(jacfwd(ref))(x))
-    for second in (torch.func.hessian, lambda g: jacrev(jacrev(g))):
-        with pytest.raises(GradientError, match="double backward"):
-            second(f)(x)
+    f = lambda x, w: k(x=x, w=w, z=z).sin().sum()                    # noqa: E731
+    ref = lambda x, w: ((x[idx] * w).sum(1) * z).sin().sum()         # noqa: E731
+    T = {"jacrev(jacfwd)": lambda g: jacrev(jacfwd(g, argnums=(0, 1)), argnums=(0, 1)),
+         "hessian": lambda g: torch.func.hessian(g, argnums=(0, 1)),
+         "jacrev(jacrev)": lambda g: jacrev(jacrev(g, argnums=(0, 1)), argnums=(0, 1))}[outer]
+    got, want = T(f)(x, w), T(ref)(x, w)
+    for i in range(2):
+        for j in range(2):
+            torch.testing.assert_close(got[i][j], want[i][j])
 
 
 # ----------------------------------------------------------------------------- in place

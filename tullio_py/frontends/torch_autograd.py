@@ -19,9 +19,8 @@ form, so torch.func's transforms (grad, vjp, jvp, vmap, jacrev, jacfwd) compose 
   weights come out per example.
 
 A derivative (reverse or forward mode) of `Vjp` or `Jvp` raises a GradientError, never a
-silently missing term: that happens under torch.func only, for statements that cannot be
-called as `:=` kernels (clamp, mod or pad positions on the left; plain autograd runs them in
-place, torch_inplace.py).
+silently missing term (they run only where torch_higher has no differentiable form: a `(*)`
+reduction with a shifted left side).
 """
 from __future__ import annotations
 

@@ -10,15 +10,16 @@ dC and B tensors; its own backward is again a kernel's.
 
 `(*)` reductions go through grad.exact_product (the product of the other factors as one more
 kernel), so their derivatives are exact at zero factors to every order.  A statement writing
-through clamp/mod/pad on the left runs as itself, `+=` into zeros, in place through autograd
-(torch_inplace.py: differentiable once more).
+through clamp/mod/pad, a gather or a shift on the left (a many-to-one scatter) runs as one
+kernel computing its right side at every tuple and torch's `index_add` (`_scatter`): linear,
+differentiable to every order, under torch.func's transforms too.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..ir import Access, Affine, Call, Gather
+from ..ir import Access, Affine, Call, Gather, Wrapped
 from . import torch as tf
 from . import vjp as vjp_mod
 
@@ -28,11 +29,10 @@ def statement_gradients(spec, others: dict, needs, gout, out, tensors) -> dict |
     these tensors, so the gradients are themselves differentiable through `Apply` (double
     backward, and again).  Each `dX[...] += rhs` runs as `dX[...] := rhs` with the ranges of
     X's dimensions (a gather on the left scatters into a result padded to X's length); a
-    left side through clamp/mod/pad (a many-to-one scatter) runs as it is, `+=` into zeros
-    of X's shape, in place through autograd (torch_inplace.py), differentiable once more;
-    helpers (`:=`) run as they are.  None under torch.func's transforms when a statement
-    needs the in-place form: then the first-order gradients come from `Vjp`, whose
-    derivative raises."""
+    left side through clamp/mod/pad (a many-to-one scatter) goes through `_scatter`;
+    helpers (`:=`) run as they are.  None when no such form exists (a `(*)` reduction with
+    a shifted left side): then the first-order gradients come from `Vjp`, whose derivative
+    raises."""
     from ..factory import kernel as make
     from ..parse import parse
     kernel = spec.kernel
@@ -67,8 +67,8 @@ def statement_tangent(spec, others: dict, which, tangents, tensors):
     """The output's tangent computed by calling the kernel's tangent statements as kernels on
     these tensors (helpers first, then one `dout[L] += ...` per read, each run as a `:=`
     kernel of the output's shape and summed), so the tangent is differentiable through
-    `Apply` (reverse mode over forward mode, forward over forward).  None when a statement
-    needs the in-place form under torch.func (as `statement_gradients`)."""
+    `Apply` (reverse mode over forward mode, forward over forward).  None as in
+    `statement_gradients`."""
     from ..factory import kernel as make
     from ..parse import parse
     from ..tangent import derive_tangents
@@ -217,24 +217,69 @@ def _statements(sub, spec, others: dict, values: dict, gout):
 
 
 def _assign(e, x, opts: dict, args: dict, make):
-    """`dX[...] += rhs` as a new tensor of X's shape (None when the left side is not plain)."""
+    """`dX[...] += rhs` as a new tensor of X's shape."""
     slots = e.lhs.indices
-    if all(isinstance(s, Affine) and s.is_bare for s in slots):
-        lhs = [s.terms[0][0] for s in slots]
-        if len(set(lhs)) != len(lhs):
-            return None
+    lhs = [s.terms[0][0] for s in slots if isinstance(s, Affine) and s.is_bare]
+    if len(lhs) == len(slots) and len(set(lhs)) == len(lhs):
         rng = {i: range(x.shape[k]) for k, i in enumerate(lhs)}
         return make(_define(e), **opts, ranges=rng)(**args)
     if len(slots) == 1 and isinstance(slots[0], Gather) and not slots[0].offset.terms:
         r = make(_define(e), **opts)(**args)
         return torch.nn.functional.pad(r, (0, x.shape[0] - r.shape[0]))
-    if torch._C._are_functorch_transforms_active():
-        return None                     # (the in-place Function has no torch.func rules)
-    # clamp/mod/pad positions or shifts on the left: the statement itself, `+=` into zeros
-    # of X's shape; in place with autograd (torch_inplace.InPlace), so it is differentiable
-    # once more with respect to everything it reads
-    dx = torch.zeros(x.shape, dtype=_result_dtype(x, args.values()))
-    return make(str(e), **opts)(**{e.output: dx}, **args)
+    return _scatter(e, x, opts, args, make)
+
+
+def _scatter(e, x, opts: dict, args: dict, make):
+    """`dX[slots] += rhs` with clamp/mod/pad, gathered or shifted positions on the left (a
+    many-to-one scatter, which has no `:=` form) as one kernel call and torch ops: the right
+    side at every tuple of the statement's indices (`T[i-start, ...] := rhs`, differentiable
+    through Apply), added into X's elements by `index_add` at the positions the left side
+    computes (pad: positions outside X dropped).  Linear in T, so every derivative of it is
+    the same kind of statement again, under torch.func's transforms too."""
+    names = list(e.indices)
+    tensors = {n: v for n, v in args.items() if isinstance(v, torch.Tensor)}
+    np_args = {**args, **_np_values(e, tensors),
+               e.output: np.zeros(x.shape, tf.np_compute_dtype(x.dtype))}
+    rng = make(str(e), **opts).ranges(**np_args)
+    lhs = tuple(Affine(((n, 1),), -rng[n].start) for n in names)
+    taken = set(e.arrays) | set(e.params) | {e.output}
+    name = next(n for n in (e.output + "_terms" + "_" * k for k in range(len(taken) + 1))
+                if n not in taken)
+    te = type(e)(Access(name, lhs), ":=", e.rhs)
+    terms = make(str(te), **opts, ranges={n: rng[n] for n in names})(
+        **{a: args[a] for a in (*te.arrays, *te.params) if a in args})
+    grid = {n: torch.arange(rng[n].start, rng[n].stop).reshape(
+        [-1 if k == m else 1 for m in range(len(names))]) for k, n in enumerate(names)}
+
+    def affine(a):
+        v = torch.tensor(a.const)
+        for n, c in a.terms:
+            v = v + c * grid[n]
+        return v
+
+    def position(s):
+        if isinstance(s, Gather):
+            return args[s.array][tuple(affine(a) for a in s.indices)].long() + affine(s.offset)
+        return affine(s)
+    lin, keep = torch.tensor(0), None
+    for d, s in enumerate(e.lhs.indices):
+        size = x.shape[d]
+        p = position(s.inner if isinstance(s, Wrapped) else s)
+        if isinstance(s, Wrapped) and s.kind == "clamp":
+            p = p.clamp(0, size - 1)
+        elif isinstance(s, Wrapped) and s.kind == "mod":
+            p = p.remainder(size)
+        elif isinstance(s, Wrapped):                        # pad: writes outside are dropped
+            inside = (p >= 0) & (p < size)
+            keep = inside if keep is None else keep & inside
+            p = p.clamp(0, size - 1)
+        lin = lin * size + p
+    lin = lin.expand(terms.shape)
+    if keep is not None:
+        terms = torch.where(keep.expand(terms.shape), terms, torch.zeros((), dtype=terms.dtype))
+    dtype = _result_dtype(x, args.values())
+    out = torch.zeros(x.numel(), dtype=torch.promote_types(dtype, terms.dtype))
+    return out.index_add(0, lin.reshape(-1), terms.reshape(-1)).reshape(x.shape)
 
 
 def _result_dtype(x, values) -> torch.dtype:
