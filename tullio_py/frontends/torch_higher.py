@@ -125,7 +125,7 @@ def _product_gradients(spec, others: dict, needs, gout, tensors) -> dict | None:
     eq, fin = _split_finaliser(spec.kernel)
     if fin is not None:
         fk, name = fin
-        acc = _make(spec.kernel, str(eq))(**values, **others)
+        acc = _make(spec.kernel, eq)(**values, **others)
         gout = statement_gradients(tf.Spec.of(fk, {name: acc}), {}, (name,), gout,
                                    fk(**{name: acc}), [acc])[name]
     parts = _others_product(spec.kernel, eq, values, others)
@@ -151,7 +151,7 @@ def _product_tangent(spec, others: dict, which, tangents, tensors):
     if fin is None or dacc is None:
         return dacc
     fk, name = fin
-    acc = _make(spec.kernel, str(eq))(**values, **others)
+    acc = _make(spec.kernel, eq)(**values, **others)
     return statement_tangent(tf.Spec.of(fk, {name: acc}), {}, (name,), [dacc], [acc])
 
 
@@ -170,8 +170,8 @@ def _split_finaliser(kernel):
     taken = set(eq.arrays) | set(eq.params) | {eq.output}
     name = next(n for n in (eq.output + "_acc" + "_" * k for k in range(len(taken) + 1))
                 if n not in taken)
-    fin = _make(kernel, str(type(eq)(eq.lhs, ":=", Call(eq.finaliser,
-                                                       (Access(name, eq.lhs.indices),)))))
+    fin = _make(kernel, type(eq)(eq.lhs, ":=", Call(eq.finaliser,
+                                                   (Access(name, eq.lhs.indices),))))
     return replace(eq, finaliser=None, text=""), (fin, name)
 
 
@@ -184,10 +184,10 @@ def _others_product(kernel, eq, values: dict, others: dict):
         return None
     prod, total = forms
     rng = kernel.ranges(**_np_values(eq, values), **others)
-    P = _make(kernel, str(prod), ranges={r: rng[r] for r in prod.lhs_indices})(
+    P = _make(kernel, prod, ranges={r: rng[r] for r in prod.lhs_indices})(
         **{n: v for n, v in {**values, **others}.items() if n in (*prod.arrays, *prod.params)})
     arrays = {**values, **others, prod.output: P}
-    return tf.Spec.of(_make(kernel, str(total)), arrays), arrays
+    return tf.Spec.of(_make(kernel, total), arrays), arrays
 
 
 def _np_values(eq, values: dict) -> dict:
@@ -240,13 +240,13 @@ def _scatter(e, x, opts: dict, args: dict, make):
     tensors = {n: v for n, v in args.items() if isinstance(v, torch.Tensor)}
     np_args = {**args, **_np_values(e, tensors),
                e.output: np.zeros(x.shape, tf.np_compute_dtype(x.dtype))}
-    rng = make(str(e), **opts).ranges(**np_args)
+    rng = make(e, **opts).ranges(**np_args)
     lhs = tuple(Affine(((n, 1),), -rng[n].start) for n in names)
     taken = set(e.arrays) | set(e.params) | {e.output}
     name = next(n for n in (e.output + "_terms" + "_" * k for k in range(len(taken) + 1))
                 if n not in taken)
     te = type(e)(Access(name, lhs), ":=", e.rhs)
-    terms = make(str(te), **opts, ranges={n: rng[n] for n in names})(
+    terms = make(te, **opts, ranges={n: rng[n] for n in names})(
         **{a: args[a] for a in (*te.arrays, *te.params) if a in args})
     grid = {n: torch.arange(rng[n].start, rng[n].stop).reshape(
         [-1 if k == m else 1 for m in range(len(names))]) for k, n in enumerate(names)}
@@ -290,5 +290,6 @@ def _result_dtype(x, values) -> torch.dtype:
     return dt
 
 
-def _define(e) -> str:
-    return str(type(e)(e.lhs, ":=", e.rhs, e.reduction, e.finaliser))
+def _define(e):
+    """`dX[...] += rhs` as the new array `dX[...] := rhs`."""
+    return type(e)(e.lhs, ":=", e.rhs, e.reduction, e.finaliser)
