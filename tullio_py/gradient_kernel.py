@@ -57,11 +57,17 @@ class Gradient:
         self._states = memo.Memo("gradient.states", 32)     # call signature -> _CallState
         self._plans = memo.Memo("gradient.plans", 32)       # call signature -> (VjpPlan, kernels)
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
+        self._last_plan = None
 
     @property
     def last(self):
         """(derivation, ranges, shapes, params, record) of the last vjp call, or None."""
         return self._last
+
+    @property
+    def last_plan(self):
+        """The VjpPlan (vjp_plan.py) the last vjp call ran, or None."""
+        return self._last_plan
 
     # ------------------------------------------------------------------ derivation
     def derivation(self, complex_mode: bool = False, real_inputs=(), scalars=()) -> grad_mod.Derivation:
@@ -134,6 +140,7 @@ class Gradient:
                               st.complex_mode, self.kernel_for, k.options.fuse)
             hit = self._plans[key] = (p, tuple(self.kernel_for(s.equation) for s in p.statements))
         p, kernels = hit
+        self._last_plan = p
         record = {}
         result = vjp_run.run(p, vjp_run.Host(kernels, params, record, self.fused_function,
                                              k.threads), ns)

@@ -1,0 +1,160 @@
+"""The plan of a vjp call (vjp_plan.py), checked against expectations worked out here from the
+statements themselves, and run (vjp_run.run) by a frontend that evaluates every statement with
+the reference interpreter, against finite differences."""
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+from reference import evaluate
+from test_grad import finite_difference
+
+from tullio_py import kernel, vjp_plan, vjp_run
+from tullio_py.blas import MIN_WORK
+from tullio_py.gradient_kernel import Gradient
+
+R = np.random.default_rng(11)
+CONV = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]"      # local (untied) conv
+MATMUL = "C[i,k] := A[i,j] * B[j,k]"
+M, N = 40, 64               # M*N*M >= MIN_WORK: large enough for BLAS
+assert M * N * M >= MIN_WORK
+
+
+def conv_arrays():
+    return dict(x=R.standard_normal((6, 6, 2, 3)).astype(np.float32),
+                W=R.standard_normal((6, 6, 3, 3, 2, 4)).astype(np.float32))
+
+
+def matmul_arrays():
+    return dict(A=R.standard_normal((M, N)), B=R.standard_normal((N, M)))
+
+
+def plan_of(expr, options, arrays, gradient=None):
+    k = kernel(expr, **options)
+    g = gradient or k.gradient_side()
+    out = k(**arrays)
+    cot = R.standard_normal(np.shape(out)).astype(np.asarray(out).dtype)
+    grads = g.vjp(cot, **arrays)
+    return k, g.last_plan, cot, grads
+
+
+def kinds(plan):
+    """[(kind, texts of its statements)] in run order."""
+    return [(s.kind, [plan.statements[m].text.split("[")[0] for m in s.members])
+            for s in plan.steps]
+
+
+# The local convolution's two gradient statements iterate the same tuples and accumulate
+# into their own arrays: fused into one nest when fuse=True.  Its weights are indexed by
+# position, so neither statement is a contraction BLAS could run: blas changes nothing.
+# The matmul's are pure contractions over whole arrays: BLAS when blas=True, whatever fuse
+# says; else fused or one by one (fused: the nest's threads split j, the longest index, which
+# is bare on both left-hand sides dA[i,j] and dB[j,k]).
+@pytest.mark.parametrize("expr,arrays,options,want", [
+    (CONV, conv_arrays, dict(fuse=True, blas=True), [("fused", ["dx", "dW"])]),
+    (CONV, conv_arrays, dict(fuse=True, blas=False), [("fused", ["dx", "dW"])]),
+    (CONV, conv_arrays, dict(fuse=False, blas=True), [("loops", ["dx"]), ("loops", ["dW"])]),
+    (CONV, conv_arrays, dict(fuse=False, blas=False), [("loops", ["dx"]), ("loops", ["dW"])]),
+    (MATMUL, matmul_arrays, dict(fuse=True, blas=True), [("blas", ["dA"]), ("blas", ["dB"])]),
+    (MATMUL, matmul_arrays, dict(fuse=False, blas=True), [("blas", ["dA"]), ("blas", ["dB"])]),
+    (MATMUL, matmul_arrays, dict(fuse=True, blas=False), [("fused", ["dA", "dB"])]),
+    (MATMUL, matmul_arrays, dict(fuse=False, blas=False), [("loops", ["dA"]), ("loops", ["dB"])]),
+], ids=["conv-fuse-blas", "conv-fuse", "conv-blas", "conv", "mm-fuse-blas", "mm-blas",
+        "mm-fuse", "mm"])
+def test_steps_of_a_gradient(expr, arrays, options, want):
+    arrays = arrays()
+    k, plan, cot, grads = plan_of(expr, options, arrays)
+    assert kinds(plan) == want
+    fused = [s for s in plan.steps if s.kind == "fused"]
+    assert all(s.fused is not None and "def _tullio_fused" in s.fused.source.text for s in fused)
+    assert all(s.fused is None for s in plan.steps if s.kind != "fused")
+    # what the steps write: one zeroed array per input, its shape and dtype
+    assert [(a.name, a.input, a.shape, a.dtype) for a in plan.arrays] == [
+        ("d" + n, n, v.shape, v.dtype) for n, v in arrays.items()]
+    # every statement iterates the forward's ranges (no bare index here leaves its array)
+    fwd = {n: (range(r) if isinstance(r, int) else r) for n, r in k.ranges(**arrays).items()}
+    assert dict(plan.ranges) == fwd
+    assert all(dict(s.ranges) == fwd for s in plan.statements)
+    assert plan.cotangent == "d" + k.equation.output
+    # and the steps give the gradient (numpy's for the matmul)
+    if expr == MATMUL:
+        np.testing.assert_allclose(grads["A"], cot @ arrays["B"].T, rtol=1e-12)
+        np.testing.assert_allclose(grads["B"], arrays["A"].T @ cot, rtol=1e-12)
+
+
+def _fields(obj):
+    """Every value inside a plan (dataclass fields and tuples, recursively)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _fields(getattr(obj, f.name))
+    elif isinstance(obj, tuple):
+        for v in obj:
+            yield from _fields(v)
+    else:
+        yield obj
+
+
+def test_plan_is_deterministic_frozen_data():
+    arrays = conv_arrays()
+    k = kernel(CONV)
+    plans = []
+    for _ in range(2):      # two fresh Gradient objects plan the same call independently
+        g = Gradient(k)
+        plans.append(plan_of(CONV, {}, arrays, gradient=g)[1])
+    a, b = plans
+    assert a is not b and a == b and hash(a) == hash(b)
+    for obj in [a, a.steps[0], a.statements[0], a.arrays[0], a.steps[0].fused]:
+        assert dataclasses.is_dataclass(obj)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, dataclasses.fields(obj)[0].name, None)
+    values = list(_fields(a))
+    assert not [v for v in values if isinstance(v, (np.ndarray, list, dict, set)) or callable(v)]
+    # planned once per call signature: the same plan again, a new one for another layout
+    g = Gradient(k)
+    _, first, cot, _ = plan_of(CONV, {}, arrays, gradient=g)
+    g.vjp(cot, **arrays)
+    assert g.last_plan is first
+    g.vjp(np.asfortranarray(cot), **arrays)
+    assert g.last_plan is not first
+
+
+class Reference:
+    """A vjp_run frontend evaluating each statement with the reference interpreter."""
+
+    def zeros(self, a):
+        return np.zeros(a.shape, a.dtype)
+
+    def launch(self, plan, step, ns):
+        for m in step.members:
+            s = plan.statements[m]
+            ns[s.output][...] = evaluate(s.equation, {**ns, **dict(plan.params)},
+                                         dict(s.ranges), out=ns[s.output])
+
+
+@pytest.mark.parametrize("expr,arrays", [
+    (CONV, conv_arrays),
+    ("(max) y[i] := x[i,j] * w[j]", lambda: dict(x=R.standard_normal((5, 4)), w=R.standard_normal(4))),
+    ("y[i] := s * x[i,j]", lambda: dict(s=np.array(1.5), x=R.standard_normal((3, 4)))),
+    ("y[i] := exp(x[i+k] - m) * w[k]", lambda: dict(x=R.standard_normal(7), m=0.5, w=R.standard_normal(3))),
+], ids=["conv", "max", "scalar-param", "shifted"])
+def test_running_a_plan_gives_the_gradient(expr, arrays):
+    arrays = arrays()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        k, plan, cot, grads = plan_of(expr, {}, arrays)
+    ns = {**arrays, plan.cotangent: cot}
+    if vjp_plan.reads(k.gradient_side().last[0], k.equation.output):
+        ns[k.equation.output] = k(**arrays)
+    got = vjp_run.run(plan, Reference(), ns)
+    assert set(got) == set(grads) == {n for n, v in arrays.items() if isinstance(v, np.ndarray)}
+    # helpers (the argmax of a (max) reduction) are allocated and run before the gradients
+    helpers = [a.name for a in plan.arrays if a.input is None]
+    assert bool(helpers) == expr.startswith("(max)")
+    assert [s.output for s in plan.statements[:len(helpers)]] == helpers
+    assert plan.arrays[:len(helpers)] == tuple(a for a in plan.arrays if a.input is None)
+    wide = {n: v.astype(np.float64) if isinstance(v, np.ndarray) else v for n, v in arrays.items()}
+    for name, g in got.items():
+        tol = 1e-3 if arrays[name].dtype == np.float32 else 1e-6
+        ref = finite_difference(kernel(expr), wide, name, cot.astype(np.float64))
+        np.testing.assert_allclose(g, ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(grads[name], ref, rtol=tol, atol=tol)
