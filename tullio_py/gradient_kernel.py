@@ -54,8 +54,9 @@ class Gradient:
         self.fwd = forward
         self._kernels = memo.Memo("gradient.kernels", 256)   # Equation -> Kernel
         self._fused = memo.Memo("gradient.fused", 64)       # compile key -> fused function
-        self._states = memo.Memo("gradient.states", 32)     # call signature -> _CallState
-        self._plans = memo.Memo("gradient.plans", 32)       # call signature -> (VjpPlan, kernels)
+        # call signature -> (_CallState, (VjpPlan, its kernels, its ranges as dicts) or None)
+        self._states = memo.Memo("gradient.states", 32)
+        self._plans = memo.Memo("gradient.plans", 32)       # the same, of calls with gathers
         self._last = None      # (derivation, rng, shapes, params, {eq text: (prepared, ...)})
         self._last_plan = None
 
@@ -122,27 +123,32 @@ class Gradient:
             tuple((n, a.dtype.str) for n, a in scalars.items()), cot.strides,
             ArraySig.of(eq.output, out_value) if eq.assign == ":=" and out_value is not None
             else None))
-        st = self._states.get(sig)
+        st, hit = self._states.get(sig) or (None, None)
         if st is None or st.gathers:
-            st = self.call_state(collected, cot, scalars)
-            self._states[sig] = st
+            st, hit = self.call_state(collected, cot, scalars), None
+            self._states[sig] = (st, None)
         d, rng, params = st.d, st.rng, st.params
         ns = {n: v for n, v in collected.items() if n != eq.output or eq.output in eq.arrays}
         ns[d.cotangent] = cot[()] if cot.ndim == 0 else cot     # a scalar output's cotangent is a scalar
         if st.reads_output and eq.output not in ns:
             ns[eq.output] = (out_value if out_value is not None else
                              k(**{n: v for n, v in call.items() if n != eq.output or eq.assign != ":="}))
-        key = sig.with_ranges(rng) if st.gathers else sig
-        hit = self._plans.get(key)
+        if st.gathers:      # (ranges may depend on the index values)
+            hit = self._plans.get(sig.with_ranges(rng))
         if hit is None:
             inputs = {name: scalars.get(name, collected.get(name)) for name, _ in d.grads}
             p = vjp_plan.plan(d, rng, params, ns, cot.shape, cot.dtype, inputs,
                               st.complex_mode, self.kernel_for, k.options.fuse)
-            hit = self._plans[key] = (p, tuple(self.kernel_for(s.equation) for s in p.statements))
-        p, kernels = hit
+            hit = (p, tuple(self.kernel_for(s.equation) for s in p.statements),
+                   tuple(vjp_plan.as_ranges(s.ranges) for s in p.statements))
+            if st.gathers:
+                self._plans[sig.with_ranges(rng)] = hit
+            else:
+                self._states[sig] = (st, hit)
+        p, kernels, ranges = hit
         self._last_plan = p
         record = {}
-        result = vjp_run.run(p, vjp_run.Host(kernels, params, record, self.fused_function,
+        result = vjp_run.run(p, vjp_run.Host(kernels, ranges, params, record, self.fused_function,
                                              k.threads), ns)
         for name in result:
             x, dx = scalars.get(name, collected[name]), result[name]

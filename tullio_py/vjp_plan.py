@@ -25,10 +25,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import bind as binding, grad as grad_mod, schedule
-from .codegen import Source, fused
+from .codegen import Source, fused, range_argument
 from .ir import Affine, Equation
 
 Pairs = tuple       # ((name, value), ...): a dict as frozen, ordered data
+Ranges = tuple      # ((index, start, stop, step), ...): ranges as data (range objects compare
+                    # as sequences: every empty range equals every other)
+
+
+def frozen_ranges(rng: dict) -> Ranges:
+    return tuple((n, r.start, r.stop, r.step) for n, r in rng.items())
+
+
+def as_ranges(t: Ranges) -> dict:
+    """{index: range} of frozen ranges."""
+    return {n: range(a, b, c) for n, a, b, c in t}
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,7 @@ class Statement:
     equation: Equation
     text: str                       # str(equation): the key of the run's record
     output: str                     # the Array it accumulates into
-    ranges: Pairs                   # the forward's index ranges (a bare left index clipped)
+    ranges: Ranges                  # the forward's index ranges (a bare left index clipped)
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,8 @@ class Nest:
     key: tuple                      # the member statements' compile keys: its compile key
     outputs: tuple[str, ...]        # the nest's output argument of each member
     bound: Pairs                    # bound parameters of the members' rewrites
-    ranges: Pairs                   # the (rewritten) ranges the nest iterates
+    ranges: Ranges                  # the (rewritten) ranges the nest iterates
+    bounds: Pairs                   # its `_start_<v>` / `_stop_<v>` arguments' values
 
 
 @dataclass(frozen=True)
@@ -68,7 +80,7 @@ class Step:
 @dataclass(frozen=True)
 class VjpPlan:
     cotangent: str                  # the cotangent's name in the statements
-    ranges: Pairs                   # the forward's index ranges
+    ranges: Ranges                  # the forward's index ranges
     params: Pairs                   # helper parameters (lengths of ranges, ...)
     arrays: tuple[Array, ...]       # allocated zeroed before the steps: helpers, then gradients
     statements: tuple[Statement, ...]   # helpers first, then gradient statements
@@ -90,7 +102,7 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
     per statement."""
     values = dict(values)
     arrays, statements = [], []
-    whole = tuple(rng.items())
+    whole = frozen_ranges(rng)
     for h in d.helpers:
         dtype = helper_dtype(h, {**values, **params})
         values[h.output] = standin(cot_shape, dtype)
@@ -99,7 +111,7 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
     for name, gname, shape, dtype, eqs in gradient_arrays(d, rng, inputs, cot_dtype, complex_mode):
         values[gname] = standin(shape, dtype)
         arrays.append(Array(gname, shape, dtype, name))
-        statements += [Statement(g, str(g), gname, tuple(grng.items())) for g, grng in eqs]
+        statements += [Statement(g, str(g), gname, frozen_ranges(grng)) for g, grng in eqs]
     statements = tuple(statements)
     if kernel_for is None:
         steps = tuple(Step("loops", (k,)) for k in range(len(statements)))
@@ -116,7 +128,7 @@ def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
     when codegen/fused.py can render them together (else one by one)."""
     steps, loops = [], []
     for k, (s, gk) in enumerate(zip(statements, kernels)):
-        arrays, rng, out = pick(s.equation, values, params), dict(s.ranges), values[s.output]
+        arrays, rng, out = pick(s.equation, values, params), as_ranges(s.ranges), values[s.output]
         blas = gk.uses_blas(arrays, rng, out)
         if k >= helpers and fuse and gk.target in ("auto", "cpu") and not blas:
             loops.append((k, *gk.plan_for(arrays, rng, out.dtype, out.shape)))
@@ -128,9 +140,11 @@ def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
     bound = {}
     for low in lows:
         bound.update(low.bound_params)
-    nest = Nest(fused.render(schedule.fuse(plans)), tuple(j[2] for j in loops),
-                 tuple(p.equation.output for p in plans), tuple(bound.items()),
-                 tuple(lows[0].ranges.items()))
+    source, rng = fused.render(schedule.fuse(plans)), lows[0].ranges
+    nest = Nest(source, tuple(j[2] for j in loops), tuple(p.equation.output for p in plans),
+                tuple(bound.items()), frozen_ranges(rng),
+                tuple((a, range_argument(a, rng)) for a in source.args
+                      if a.startswith(("_start_", "_stop_"))))
     return tuple(steps + [Step("fused", tuple(j[0] for j in loops), nest)])
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit, schedule
-from .codegen import range_argument
 from .vjp_plan import VjpPlan, pick
 
 
@@ -22,7 +21,7 @@ def run(plan: VjpPlan, frontend, ns: dict) -> dict:
         ns[a.name] = frontend.zeros(a)
     for step in plan.steps:
         frontend.launch(plan, step, ns)
-    return {a.input: ns[a.name] for a in plan.gradients}
+    return {a.input: ns[a.name] for a in plan.arrays if a.input is not None}
 
 
 def run_on(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
@@ -31,12 +30,13 @@ def run_on(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
 
 
 class Host:
-    """The numpy frontend: `kernels[i]` runs `plan.statements[i]`; `fused_function(Nest)`
-    gives a fused nest's compiled function; what each statement ran is written to `record`
-    (statement text -> run_with_ranges' result, or ("fused", source))."""
+    """The numpy frontend: `kernels[i]` runs `plan.statements[i]` over `ranges[i]` (its
+    ranges as a dict); `fused_function(Nest)` gives a fused nest's compiled function; what
+    each statement ran is written to `record` (statement text -> run_with_ranges' result, or
+    ("fused", source))."""
 
-    def __init__(self, kernels, params: dict, record: dict, fused_function, threads):
-        self.kernels, self.params, self.record = kernels, params, record
+    def __init__(self, kernels, ranges, params: dict, record: dict, fused_function, threads):
+        self.kernels, self.ranges, self.params, self.record = kernels, ranges, params, record
         self.fused_function, self.threads = fused_function, threads
 
     def zeros(self, a) -> np.ndarray:
@@ -48,18 +48,17 @@ class Host:
             k = step.members[0]
             s = plan.statements[k]
             self.record[s.text] = run_on(self.kernels[k], pick(s.equation, ns, params),
-                                         dict(s.ranges), ns[s.output], params)
+                                         self.ranges[k], ns[s.output], params)
             return
         f = step.fused
         named = dict(f.bound)
+        named.update(f.bounds)
         for k, name in zip(step.members, f.outputs):
             s = plan.statements[k]
             named.update(pick(s.equation, ns, params))
             out = ns[s.output]
             named[name] = out.reshape(1) if out.ndim == 0 else out    # (a view)
-        rng = dict(f.ranges)
-        args = [range_argument(a, rng) if a.startswith(("_start_", "_stop_")) else
-                params[a] if a in params else named[a] for a in f.source.args]
+        args = [params[a] if a in params else named[a] for a in f.source.args]
         jit.call(self.fused_function(f), args, f.source.parallel,
                  schedule.thread_count(self.threads, jit.max_threads()))
         for k in step.members:

@@ -93,7 +93,7 @@ class _Device:
     def launch(self, plan, step, ns: dict):
         for k in step.members:
             s = plan.statements[k]
-            _run(self.kernels[k], ns, self.params, self.gparams, dict(s.ranges), ns[s.output],
+            _run(self.kernels[k], ns, self.params, self.gparams, vjp_plan.as_ranges(s.ranges), ns[s.output],
                  self.stream)
 
 
