@@ -58,11 +58,11 @@ class CallCache:
         self.call = self._call_function()
 
     # ------------------------------------------------------------------ generated code
-    def _key_function(self):
-        """def _key(arrays) -> tuple or None (None: this call cannot take the fast path)."""
+    def _read_lines(self):
+        """Source lines that read the arguments into locals v0, v1, ... (returning None when
+        the names differ or an array's name holds no numpy array), and the key's parts."""
         v = {n: f"v{i}" for i, n in enumerate(self.names)}
-        lines = ["def _key(_a):",
-                 f"    if len(_a) != {len(self.names)}:",
+        lines = [f"    if len(_a) != {len(self.names)}:",
                  "        return None"]
         if self.names:
             lines += ["    try:"] + [f"        {v[n]} = _a[_n{i}]" for i, n in enumerate(self.names)]
@@ -79,25 +79,31 @@ class CallCache:
         if self.in_place:
             parts.append(f"{v[self.output]}.flags.writeable")
         parts += [f"_extrema({v[g]}, _box{i})" for i, (g, _) in enumerate(self.gathers)]
-        lines.append(f"    return ({''.join(p + ', ' for p in parts)})")
-        ns = {"_ND": _ND, "_extrema": _extrema, **self._name_constants(),
-              **{f"_box{i}": box for i, (_, box) in enumerate(self.gathers)}}
-        exec("\n".join(lines), ns)
+        return lines, f"({''.join(p + ', ' for p in parts)})"
+
+    def _namespace(self) -> dict:
+        return {"_ND": _ND, "_extrema": _extrema, **self._name_constants(),
+                **{f"_box{i}": box for i, (_, box) in enumerate(self.gathers)}}
+
+    def _key_function(self):
+        """def _key(arrays) -> tuple or None (None: this call cannot take the fast path)."""
+        lines, key = self._read_lines()
+        ns = self._namespace()
+        exec("\n".join(["def _key(_a):", *lines, f"    return {key}"]), ns)
         return ns["_key"]
 
     def _call_function(self):
-        """def _call(arrays) -> output array, or None when the call is not a known one."""
-        v = ", ".join(f"_a[_n{i}]" for i in range(len(self.names)))
-        src = ("def _call(_a):\n"
-               "    _k = _key(_a)\n"
-               "    if _k is None:\n"
-               "        return None\n"
-               "    _e = _entries.get(_k)\n"
-               "    if _e is None:\n"
-               "        return None\n"
-               f"    return _e({v})\n")
-        ns = {"_key": self.key, "_entries": self.entries, **self._name_constants()}
-        exec(src, ns)
+        """def _call(arrays) -> output array, or None when the call is not a known one.
+        The key's reads, the lookup and the replay in one function: one Python frame fewer
+        than calling _key, and each argument read from the dict once."""
+        lines, key = self._read_lines()
+        v = ", ".join(f"v{i}" for i in range(len(self.names)))
+        ns = {**self._namespace(), "_get": self.entries.get}
+        exec("\n".join(["def _call(_a):", *lines,
+                        f"    _e = _get({key})",
+                        "    if _e is None:",
+                        "        return None",
+                        f"    return _e({v})"]), ns)
         return ns["_call"]
 
     def _name_constants(self) -> dict:

@@ -26,6 +26,8 @@ from .ir import Equation, as_parsed
 from .parse import parse
 from . import tape as _tape
 
+_current = _tape.current        # the innermost Tape (read without a module attribute lookup)
+
 OPTIONS = OPTION_NAMES
 _KERNELS = memo.Memo("kernel.kernels", 1024)
 
@@ -74,6 +76,7 @@ class Kernel:
         self._lowered = None
         self._last: Prepared | None = None
         self._calls = callpath.CallCache(self.equation, threads)   # the fast call path
+        self._replay = self._calls.call
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
                       if options.blas and target in ("auto", "cpu") and not self.given else None)
@@ -107,8 +110,8 @@ class Kernel:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, **arrays):
-        if _tape.current() is None:         # the fast path: numpy arrays and scalars only,
-            out = self._calls.call(arrays)  # with the names, dtypes, shapes of an earlier call
+        if _current() is None:          # the fast path: numpy arrays and scalars only,
+            out = self._replay(arrays)  # with the names, dtypes, shapes of an earlier call
             if out is not None:
                 return out
         from .frontends import registry     # torch, dask, CUDA or numpy (registry.py)
@@ -335,6 +338,15 @@ factory.register(kernel)
 
 def tullio(expr: str, /, **arrays_and_options):
     """Evaluate `expr`.  Arrays by keyword, or read from the caller's scope when not passed."""
+    if expr.__class__ is str:       # this text called before with exactly its arrays by name
+        hit = _BY_TEXT.get(expr)
+        if hit is not None and arrays_and_options.keys() == hit[1]:
+            k = hit[0]
+            if _current() is None:
+                out = k._replay(arrays_and_options)
+                if out is not None:
+                    return out
+            return k(**arrays_and_options)
     options = {k: v for k, v in arrays_and_options.items() if k in OPTIONS}
     arrays = {k: v for k, v in arrays_and_options.items() if k not in OPTIONS}
     k = kernel(expr, **options)
@@ -352,4 +364,13 @@ def tullio(expr: str, /, **arrays_and_options):
         for n in wanted:
             if n not in arrays and n in scope:
                 arrays[n] = scope[n]
+    elif (expr.__class__ is str and not options and not k.summation_message
+          and len(arrays) == len(wanted)):
+        # every array passed by name, no options, nothing to warn about: the next call with
+        # this text and these names skips the option split, kernel() and the scope
+        _BY_TEXT[expr] = (k, frozenset(wanted))
     return k(**arrays)
+
+
+# text -> (its default-options Kernel, the names it reads): tullio()'s repeated calls
+_BY_TEXT = memo.Memo("kernel.tullio_texts", 1024)
