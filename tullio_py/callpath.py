@@ -9,9 +9,9 @@ elements than that is not remembered).  That is the key.  The first call with a 
 function that allocates the output and calls the compiled kernel with its arguments in place
 (bounds baked in as constants); later calls with the same key run only that.
 
-The key is built by a function generated per kernel (no loops, no dict of shapes), so the
-overhead of a call is a few attribute reads, one dict lookup, the output allocation and numba's
-own dispatch.  It is the one cache key not built as a signature.CallSignature, on purpose: it
+The key is built inside one function generated per kernel (no loops, no dict of shapes) that
+also looks it up and calls the entry, so the overhead of a call is a few attribute reads, one
+dict lookup, two Python frames, the output allocation and numba's own dispatch.  It is the one cache key not built as a signature.CallSignature, on purpose: it
 holds the same facts as that signature's ArraySigs (dtype, shape and strides of each array, the
 type of each scalar, in the kernel's own argument order) plus writeability and gather extrema,
 but as one flat tuple read straight from the arguments, which is what keeps a repeated call
