@@ -42,8 +42,36 @@ class Frontend:
 
     def load(self):
         if isinstance(self.module, str):
-            self.module = importlib.import_module(self.module)
+            # torch.compile traces this (a Kernel called on tensors inside a compiled function
+            # picks its frontend while tracing): it follows an import statement, not
+            # importlib.import_module, so the built-in frontends are imported by statements
+            load = _BUILT_IN.get(self.module)
+            self.module = load() if load is not None else importlib.import_module(self.module)
         return self.module
+
+
+def _torch_call():
+    from . import torch_call
+    return torch_call
+
+
+def _dask():
+    from . import dask
+    return dask
+
+
+def _cuda_call():
+    from . import cuda_call
+    return cuda_call
+
+
+def _numpy():
+    from . import numpy
+    return numpy
+
+
+_BUILT_IN = {"tullio_py.frontends.torch_call": _torch_call, "tullio_py.frontends.dask": _dask,
+             "tullio_py.frontends.cuda_call": _cuda_call, "tullio_py.frontends.numpy": _numpy}
 
 
 _ORDER: list[Frontend] = [
