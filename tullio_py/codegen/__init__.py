@@ -12,7 +12,7 @@
 from . import cuda, fused
 from .cpu import render
 from .expr import better, combine, identity_code
-from .source import SUM_FASTMATH, Source, range_argument
+from .source import SUM_FASTMATH, Source, arguments, range_argument
 
-__all__ = ["render", "Source", "SUM_FASTMATH", "range_argument", "better", "combine",
+__all__ = ["render", "Source", "SUM_FASTMATH", "arguments", "range_argument", "better", "combine",
            "identity_code", "cuda", "fused"]

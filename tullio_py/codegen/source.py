@@ -25,3 +25,11 @@ def range_argument(name: str, ranges: dict):
     if name.startswith("_stop_"):
         return ranges[name[6:]].stop
     return None
+
+
+def arguments(names, values: dict, ranges: dict, extra: dict) -> list:
+    """The positional arguments of a generated function whose parameters are `names`: loop
+    bounds (`_start_<v>`, `_stop_<v>`) from `ranges`, helper parameters from `extra`, and
+    everything else (arrays, "_old_<out>" snapshots, scalars) from `values` by name."""
+    return [range_argument(n, ranges) if n.startswith(("_start_", "_stop_"))
+            else extra[n] if n in extra else values[n] for n in names]

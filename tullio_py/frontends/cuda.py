@@ -128,15 +128,7 @@ def check(kernel, shapes_dtypes: dict, params: dict, extrema: dict):
 def arguments(prepared: Prepared, eq, values: dict, call_ranges: dict, extra: dict) -> list:
     """Positional arguments of the generated kernels; `values` maps array names (and
     "_old_<out>", "_red") to what is passed."""
-    args = []
-    for name in prepared.source.args:
-        if name.startswith(("_start_", "_stop_")):
-            args.append(codegen.range_argument(name, call_ranges))
-        elif name in extra:
-            args.append(extra[name])
-        else:
-            args.append(values[name])
-    return args
+    return codegen.arguments(prepared.source.args, values, call_ranges, extra)
 
 
 # ----------------------------------------------------------------------------- the call

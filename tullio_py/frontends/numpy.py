@@ -62,22 +62,15 @@ def vjp(kernel, cotangent, arrays: dict) -> dict:
 
 # ----------------------------------------------------------------------------- launching
 def arguments(prepared, arrays: dict, out: np.ndarray, call_ranges: dict, extra_params: dict):
-    """The compiled function's positional arguments, in its order."""
-    eq = prepared.equation
-    args = []
-    for name in prepared.source.args:
-        if name == eq.output:
-            args.append(out.reshape(1) if out.ndim == 0 else out)
-        elif name.startswith("_old_"):
-            old = out.copy()
-            args.append(old.reshape(1) if old.ndim == 0 else old)
-        elif name.startswith(("_start_", "_stop_")):
-            args.append(codegen.range_argument(name, call_ranges))
-        elif name in extra_params:
-            args.append(extra_params[name])
-        else:
-            args.append(arrays[name])
-    return args
+    """The compiled function's positional arguments, in its order: the output (and, for an
+    in-place statement that reads it, a snapshot of its old value) besides the inputs."""
+    output = prepared.equation.output
+    values = dict(arrays)
+    values[output] = out.reshape(1) if out.ndim == 0 else out
+    if "_old_" + output in prepared.source.args:
+        old = out.copy()
+        values["_old_" + output] = old.reshape(1) if old.ndim == 0 else old
+    return codegen.arguments(prepared.source.args, values, call_ranges, extra_params)
 
 
 def launch(kernel, prepared, args) -> None:
