@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .ir import Access, Affine, Binary, Compare, Const, Equation, IndexValue, Param, Unary, Wrapped, walk
+from .rewrite import is_scatter
 
 
 @dataclass(frozen=True)
@@ -185,9 +186,3 @@ def find_guards(eq: Equation, pad_value) -> tuple[list[Guard], set[str], list]:
                 guarded.add(str(f))
         rest.append(f)
     return guards, guarded, rest
-
-
-def is_scatter(eq: Equation) -> bool:
-    """The left-hand side keeps a gather or a non-unit shift (every index tuple is combined
-    into its element)."""
-    return any(not isinstance(s, Affine) or (s.terms and not s.is_bare) for s in eq.lhs.indices)
