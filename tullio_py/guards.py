@@ -159,6 +159,13 @@ def mask_guards(f) -> list[Guard] | None:
     return [Guard(Affine(tuple((n, 1) for n in names)), None, None, str(f))]
 
 
+def factor_reads(rhs) -> list[Access]:
+    """The array reads (with indices) of the top-level factors of `rhs` that are not masks
+    (masks are guards, not reads), in order; the same read may appear more than once."""
+    return [a for f in top_factors(rhs) if mask_guards(f) is None
+            for a in walk(f) if isinstance(a, Access) and a.indices]
+
+
 def find_guards(eq: Equation, pad_value) -> tuple[list[Guard], set[str], list]:
     """Top-level mask factors become guards (they restrict the iteration).  Under a sum with
     pad value 0, a top-level pad read contributes nothing outside its array, so it becomes a

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .guards import (Guard, Linear, compare_guards, find_guards, index_only, is_scatter,  # noqa: F401
-                     linear, mask_guards, top_factors)
-from .ir import Access, Affine, Binary, Equation, Wrapped, walk
+from .guards import (Guard, Linear, compare_guards, factor_reads, find_guards, index_only,  # noqa: F401
+                     is_scatter, linear, mask_guards, top_factors)
+from .ir import Affine, Binary, Equation, Wrapped
 
 # Below this many (iterations x body cost) a kernel runs on one thread: starting threads costs
 # more than the work.
@@ -289,15 +289,12 @@ def hoisted_reads(eq: Equation, loops: tuple) -> tuple:
     pos = {l.index: k for k, l in enumerate(loops)}
     last = len(loops) - 1
     out: dict = {}
-    for f in top_factors(eq.rhs):
-        if mask_guards(f) is not None:
+    for n in factor_reads(eq.rhs):
+        if str(n) in out:
             continue
-        for n in walk(f):
-            if not isinstance(n, Access) or not n.indices or str(n) in out:
-                continue
-            level = max((pos[x] for s in n.indices for x in s.names), default=-1)
-            if level < last:
-                out[str(n)] = (n, level)
+        level = max((pos[x] for s in n.indices for x in s.names), default=-1)
+        if level < last:
+            out[str(n)] = (n, level)
     return tuple(out.values())
 
 
@@ -322,13 +319,10 @@ def fuse(plans) -> Fused:
     n, inner = len(loops), loops[-1].index
     reads: dict = {}
     for k, p in enumerate(plans):
-        for f in top_factors(p.equation.rhs):
-            if mask_guards(f) is not None:
-                continue
-            for a in walk(f):
-                if isinstance(a, Access) and a.indices and str(a) not in reads:
-                    level = n - 1 if inner in {x for s in a.indices for x in s.names} else n - 2
-                    reads[str(a)] = (k, a, level)
+        for a in factor_reads(p.equation.rhs):
+            if str(a) not in reads:
+                level = n - 1 if inner in {x for s in a.indices for x in s.names} else n - 2
+                reads[str(a)] = (k, a, level)
     return Fused(tuple(plans), base, tuple(reads.values()))
 
 

@@ -23,8 +23,7 @@ The sums are the row form's, in another order: results agree to rounding.
 """
 from __future__ import annotations
 
-from ..guards import mask_guards, top_factors
-from ..ir import Access, walk
+from ..guards import factor_reads
 from .bounds import loop_bounds
 from .expr import STORE, Expr, hoist_table, identity_code
 
@@ -45,11 +44,10 @@ def render_jam(nest):
     # The reads of the row that v does not select: loaded once into locals `_x<m>` for the
     # `factor` sums (after a store to _acc the compiler would have to read them again).
     shared: dict = {}
-    for f in top_factors(eq.rhs):
-        for a in (a for a in walk(f) if mask_guards(f) is None and isinstance(a, Access)):
-            names = {n for s in a.indices for n in s.names}
-            if a.indices and str(a) not in table and v not in names and str(a) not in shared:
-                shared[str(a)] = (f"_x{len(shared)}", n - 1, a)
+    for a in factor_reads(eq.rhs):
+        names = {n for s in a.indices for n in s.names}
+        if str(a) not in table and v not in names and str(a) not in shared:
+            shared[str(a)] = (f"_x{len(shared)}", n - 1, a)
     per_f = [Expr(plan, x.target, {**outer, **shared, **{
         s: (f"{h[0]}_{f}",) + h[1:] for s, h in table.items() if h[1] >= kj}})
         for f in range(factor)]
