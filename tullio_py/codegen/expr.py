@@ -153,9 +153,8 @@ class Expr:
         return h[0] if h is not None else self.plain_access(a)
 
     def lhs(self) -> str:
-        """The left-hand side element: `out[0]` for a scalar result."""
-        eq = self.eq
-        return self.plain_access(eq.lhs) if eq.lhs.indices else f"{eq.output}[0]"
+        """The left-hand side element: `out[0]` for a scalar result (plain_access)."""
+        return self.plain_access(self.eq.lhs)
 
     def expr(self, e) -> str:
         return self.typed(e)[0]

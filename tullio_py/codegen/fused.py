@@ -102,7 +102,7 @@ def _render(fz: Fused, shown: tuple) -> Source:
     for k, (p, r) in enumerate(zip(plans, renders)):
         eq = p.equation
         op = eq.assign
-        lhs = r.plain_access(eq.lhs) if eq.lhs.indices else f"{eq.output}[0]"
+        lhs = r.lhs()
         term = r.rhs_without_guards()
         if inner in eq.lhs_indices:
             stores.append((None, f"{lhs} {op} {term}"))
