@@ -312,9 +312,14 @@ class Fused:
     reads: tuple
 
 
+def fuse_base(plans) -> int:
+    """Which of `plans` the fused loop nest takes its loops from (Fused.base)."""
+    return max(range(len(plans)), key=lambda k: len(plans[k].equation.lhs.indices))
+
+
 def fuse(plans) -> Fused:
     """The fused loop nest of `plans` (statements that codegen.fused.fusable accepts)."""
-    base = max(range(len(plans)), key=lambda k: len(plans[k].equation.lhs.indices))
+    base = fuse_base(plans)
     loops = plans[base].loops
     n, inner = len(loops), loops[-1].index
     reads: dict = {}

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..schedule import Fused, Plan, fuse, safe_indices
+from ..schedule import Fused, Plan, fuse_base, safe_indices
 from .emit import Emitter
 from .expr import Expr, hoist_table
 from .nest import Nest, nonneg_indices
@@ -48,14 +48,14 @@ def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
                 or set(p.guards) != set(base.guards) or p.out_dtype != base.out_dtype
                 or p.pad_value != base.pad_value or p.fastmath != base.fastmath
                 or any(n in outputs for n in eq.arrays)
-                or not all(v in safe_indices(eq) for v in par)):
+                or not set(par) <= safe_indices(eq)):
             return False
     return True
 
 
 def base_plan(plans: list[Plan]) -> Plan:
     """The plan whose loop order the fused kernel takes (schedule.fuse)."""
-    return plans[fuse(plans).base]
+    return plans[fuse_base(plans)]
 
 
 def render(fz: Fused) -> Source:
