@@ -74,9 +74,7 @@ def render_jam(nest):
     nest.emit_hoists(-1)
     nest.open_range(range(kj))
     start, stop, _ = loop_bounds(v, set(nest.opened), list(plan.guards))
-    rstart, rstop, _ = loop_bounds(r, set(nest.opened) | {v}, list(plan.guards))
-    if r in nest.nonneg:
-        rstart = f"max({rstart}, 0)"
+    rstart, rstop, _ = nest.inner_bounds(r, opened={v})
     base, nopen = nest.mark()
     loop = "_prange" if plan.loops[kj].parallel else "range"
     # _lo and _nr are computed in each parallel body: computed once outside, they made the

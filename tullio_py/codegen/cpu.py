@@ -129,11 +129,9 @@ def _lanes(nest: Nest, k: int):
     dtype = x.dtype
     v, L = plan.loops[k].index, plan.lanes
     base = ("_clo", "_chi") if plan.chunked == v else None
-    start, stop, _ = loop_bounds(v, set(nest.opened), list(plan.guards), base)
+    start, stop, _ = nest.inner_bounds(v, base)
     red = plan.equation.reducer
     value = x.rhs_without_guards()
-    if v in nest.nonneg:
-        start = f"max({start}, 0)"
     out.add(f"_lo = {start}\n_hi = {stop}\n_e = _lo + max(_hi - _lo, 0) // {L} * {L}")
     out.add("\n".join(f"_a{l} = {'_T(0)' if red == '+' else '_acc'}" for l in range(L)))
     # (max)/(min) of floats: the lanes compare plainly (one max instruction each) and one

@@ -30,6 +30,14 @@ class Nest:
             if lev == level:
                 self.out.add(f"{name} = {self.x.plain_access(acc)}")
 
+    def inner_bounds(self, v: str, base=None, opened=()) -> tuple[str, str, list]:
+        """loop_bounds of the innermost loop `v` inside the open loops (and `opened`), its start
+        written `max(start, 0)` when v is known to be >= 0 (nonneg_indices): the compiler then
+        drops negative-index wraparound and vectorises the loop."""
+        start, stop, checks = loop_bounds(v, set(self.opened) | set(opened),
+                                          list(self.plan.guards), base)
+        return (f"max({start}, 0)" if v in self.nonneg else start), stop, checks
+
     def open(self, k: int, hoist: bool = True, chunks: bool = True):
         """Open loop number k of the plan (bounds clipped by its guards); `chunks=False` runs
         a chunked loop as a plain loop."""
@@ -51,13 +59,9 @@ class Nest:
         if plan.block and plan.block[0] == loop.index:
             base = ("_jb", f"min(_jb + {plan.block[1]}, _stop_{loop.index})")
         if k == len(plan.loops) - 1 and not loop.parallel:
-            # Innermost loop counted from 0: with a start known to be >= 0 the compiler drops
-            # negative-index wraparound and vectorises the loop.
-            start, stop, checks = loop_bounds(loop.index, set(self.opened), list(plan.guards),
-                                              base)
+            # Innermost loop counted from 0 (inner_bounds).
             v = loop.index
-            if v in self.nonneg:
-                start = f"max({start}, 0)"
+            start, stop, checks = self.inner_bounds(v, base)
             out.add(f"_first = {start}\nfor _k in range({stop} - _first):\n    {v} = _first + _k")
         else:
             head, checks = loop_header(loop.index, set(self.opened), list(plan.guards), base,
