@@ -25,6 +25,22 @@ def conv_arrays():
                 W=R.standard_normal((6, 6, 3, 3, 2, 4)).astype(np.float32))
 
 
+def conv_reference(x, W, cot):
+    """The local convolution's output and its gradients (dx, dW) for cotangent `cot`, in numpy
+    (float64): out[s,t,c2,b] = sum over i, j, c1 of x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]."""
+    x, W, cot = (np.asarray(a, np.float64) for a in (x, W, cot))
+    S, T = x.shape[0] - W.shape[2] + 1, x.shape[1] - W.shape[3] + 1
+    out = np.zeros((S, T, W.shape[5], x.shape[3]))
+    dx, dW = np.zeros_like(x), np.zeros_like(W)
+    for i in range(W.shape[2]):
+        for j in range(W.shape[3]):
+            xs, Ws = x[i:i + S, j:j + T], W[i:i + S, j:j + T, i, j]     # (s,t,c1,b), (s,t,c1,c2)
+            out += np.einsum("stcb,stcd->stdb", xs, Ws)
+            dx[i:i + S, j:j + T] += np.einsum("stdb,stcd->stcb", cot, Ws)
+            dW[i:i + S, j:j + T, i, j] += np.einsum("stdb,stcb->stcd", cot, xs)
+    return out, dx, dW
+
+
 def matmul_arrays():
     return dict(A=R.standard_normal((M, N)), B=R.standard_normal((N, M)))
 
@@ -76,10 +92,16 @@ def test_steps_of_a_gradient(expr, arrays, options, want):
     assert plan.ranges == tuple((n, r.start, r.stop, r.step) for n, r in fwd.items())
     assert all(vjp_plan.as_ranges(s.ranges) == fwd for s in plan.statements)
     assert plan.cotangent == "d" + k.equation.output
-    # and the steps give the gradient (numpy's for the matmul)
+    # and the steps give the gradient (numpy's, for either statement)
     if expr == MATMUL:
         np.testing.assert_allclose(grads["A"], cot @ arrays["B"].T, rtol=1e-12)
         np.testing.assert_allclose(grads["B"], arrays["A"].T @ cot, rtol=1e-12)
+    else:
+        out, dx, dW = conv_reference(arrays["x"], arrays["W"], cot)
+        assert cot.shape == out.shape
+        np.testing.assert_allclose(k(**arrays), out, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(grads["x"], dx, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(grads["W"], dW, rtol=1e-4, atol=1e-5)
 
 
 def _fields(obj):
