@@ -15,6 +15,13 @@ def rand(*shape, grad=True, dtype=torch.float64):
     return torch.randn(*shape, generator=G, dtype=dtype).requires_grad_(grad)
 
 
+def positional(k, names, extra=None):
+    """The kernel `k` as a function of its tensors in the order of `names` (the form gradcheck,
+    gradgradcheck and torch.func's transforms differentiate), with `extra` keyword arguments."""
+    extra = extra or {}
+    return lambda *tensors: k(**dict(zip(names, tensors)), **extra)
+
+
 # expression, inputs (name -> tensor factory), extra non-tensor arguments
 CASES = {
     "matmul": ("C[i,k] := A[i,j] * B[j,k]", lambda: dict(A=rand(3, 4), B=rand(4, 5)), {}),
@@ -38,9 +45,7 @@ def test_gradcheck_and_numpy_path(case):
     inputs = make()
     names = list(inputs)
 
-    def f(*tensors):
-        return k(**dict(zip(names, tensors)), **extra)
-
+    f = positional(k, names, extra)
     tensors = [inputs[n] for n in names]
     assert torch.autograd.gradcheck(f, tensors)
     # the same numbers as the numpy path, forward and gradients

@@ -8,6 +8,8 @@ torch = pytest.importorskip("torch")
 import torch.autograd.forward_ad as fwAD  # noqa: E402
 from torch.func import grad, jacfwd, jacrev, jvp, vmap  # noqa: E402
 
+from test_torch import positional  # noqa: E402
+
 from tullio_py import kernel  # noqa: E402
 
 F64 = torch.float64
@@ -204,9 +206,7 @@ def test_gradcheck_and_gradgradcheck(name):
     values = make()
     names = list(values)
     args = [v.requires_grad_() for v in values.values()]
-
-    def f(*a):
-        return k(**dict(zip(names, a)), **extra)
+    f = positional(k, names, extra)
     assert torch.autograd.gradcheck(f, args)
     assert torch.autograd.gradgradcheck(f, args)
 
@@ -274,7 +274,7 @@ def test_second_order_transforms_match_torch(name, outer):
 
     def loss(fn):
         return lambda a, b: fn(a, b).sin().sum()
-    mine = loss(lambda a, b: k(**dict(zip(names, (a, b)))))
+    mine = loss(positional(k, names))
     ref = loss(OUTER[name])
     if outer == "hessian":
         T = lambda f: torch.func.hessian(f, argnums=(0, 1))                  # noqa: E731
