@@ -53,6 +53,7 @@ def test_dask_arrays_go_to_the_dask_frontend():
     np.testing.assert_allclose(out.compute(), A @ B, rtol=1e-12)
     g = K.vjp(da.from_array(dC, chunks=2), A=dA, B=B)
     np.testing.assert_allclose(g["B"].compute(), A.T @ dC, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(da.compute(g["A"])[0]), dC @ B.T, rtol=1e-12)
 
 
 def test_target_cuda_goes_to_the_cuda_frontend():
