@@ -121,7 +121,7 @@ class Expr:
         self.eq = plan.equation
         self.target = target
         self.dtype = np.dtype(plan.out_dtype)
-        self.env = dict(getattr(plan, "dtypes", ()))     # dtypes of the arrays and parameters
+        self.env = dict(plan.dtypes)     # dtypes of the arrays and parameters
         self.hoists = {} if hoists is None else hoists
 
     def slot(self, s, array: str, d: int) -> str:
