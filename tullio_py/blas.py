@@ -101,7 +101,8 @@ def worth(c: Contraction, ranges: dict, arrays: dict) -> bool:
 
 
 def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
-    """Evaluate the contraction with numpy; returns the new array (`:=`) or the updated `out`."""
+    """Evaluate the contraction with numpy; returns the new array (`:=` without `out`) or the
+    updated `out` (a `:=` given an output, as run_with_ranges gives one, overwrites it like `=`)."""
     if c.tensordot is not None:
         axes, perm = c.tensordot
         res = np.tensordot(arrays[c.operands[0]], arrays[c.operands[1]], axes=axes)
@@ -110,9 +111,9 @@ def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
         res = np.einsum(c.spec, *[arrays[n] for n in c.operands], optimize=True)
     for s in c.scale:
         res = res * (arrays[s] if isinstance(s, str) else s)
-    if eq.assign == ":=":
+    if out is None:
         return np.array(res, dtype=dtype) if np.ndim(res) == 0 else np.asarray(res, dtype=dtype)
-    if eq.assign == "=":
+    if eq.assign in (":=", "="):
         out[...] = res
     elif eq.assign == "+=":
         out += res

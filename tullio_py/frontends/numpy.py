@@ -81,18 +81,12 @@ def launch(kernel, prepared, args) -> None:
 
 def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: dict):
     """Kernel.run_with_ranges: into `out`, over the given ranges."""
-    if whole_blas(kernel, arrays, rng, out):
-        res = blas.run(kernel.blas_plan, kernel.equation, {**arrays, **params}, out.dtype, out)
-        if res is not out:          # a `:=` statement: blas.run made a new array
-            out[...] = res
+    if whole_blas(kernel, arrays, rng, out):        # both write into the given `out`
+        blas.run(kernel.blas_plan, kernel.equation, {**arrays, **params}, out.dtype, out)
         return None
-    if kernel.shift_plan is not None:
-        done = kernel.shift_plan.call({**arrays, **params}, rng, out, out.dtype, kernel.pad,
-                                      kernel.loop_threads())
-        if done is not None:
-            if done is not out:     # ':=' makes a new array: its values go into `out`
-                out[...] = done
-            return None
+    if kernel.shift_plan is not None and kernel.shift_plan.call(
+            {**arrays, **params}, rng, out, out.dtype, kernel.pad, kernel.loop_threads()) is not None:
+        return None
     prepared, call_ranges, extra = kernel.prepare(arrays, rng, out.dtype, out.shape)
     launch(kernel, prepared, arguments(prepared, {**arrays, **params}, out, call_ranges, extra))
     return prepared, call_ranges, extra
