@@ -47,6 +47,17 @@ def learnable_scalars(eq: Equation, arrays: dict) -> dict:
     return {n: arrays[n] for n in eq.params if isinstance(arrays.get(n), np.ndarray)
             and arrays[n].ndim == 0 and arrays[n].dtype.kind in "fc"}
 
+
+def old_output(eq: Equation, arrays: dict, what: str, verb: str):
+    """Pop the forward's output from `arrays`: its value before an in-place statement (None
+    when not passed).  The derivatives of '*=' need it (it is the factor's partner)."""
+    out_value = arrays.pop(eq.output, None)
+    if eq.assign == "*=" and out_value is None:
+        raise GradientError(f"the {what} of '*=' needs the value of {eq.output} before the "
+                            "statement", eq.text, eq.lhs.span, f"pass {eq.output}=... to {verb}")
+    return out_value
+
+
 class Gradient:
     """The gradient side of one forward Kernel."""
 
@@ -105,10 +116,7 @@ class Gradient:
     def vjp(self, cotangent, **arrays) -> dict:
         k, eq = self.fwd, self.fwd.equation
         cot = np.asarray(cotangent)
-        out_value = arrays.pop(eq.output, None)
-        if eq.assign == "*=" and out_value is None:
-            raise GradientError(f"the gradient of '*=' needs the value of {eq.output} before the "
-                                "statement", eq.text, eq.lhs.span, f"pass {eq.output}=... to vjp")
+        out_value = old_output(eq, arrays, "gradient", "vjp")
         scalars = learnable_scalars(eq, arrays)
         call = dict(arrays)
         if eq.assign != ":=":

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import bind as binding, tangent as tangent_mod
 from .errors import ArgumentError, GradientError, SummationWarning
-from .gradient_kernel import learnable_scalars
+from .gradient_kernel import learnable_scalars, old_output
 from .vjp_plan import pick
 from .vjp_run import run_on
 
@@ -44,10 +44,7 @@ class Tangent:
         if unknown:
             raise ArgumentError(f"tangents for {', '.join(unknown)}, which the expression does "
                                 "not read", eq.text, None, f"inputs are {', '.join(eq.arrays)}")
-        out_value = arrays.pop(eq.output, None)
-        if eq.assign == "*=" and out_value is None:
-            raise GradientError(f"the tangent of '*=' needs the value of {eq.output} before the "
-                                "statement", eq.text, eq.lhs.span, f"pass {eq.output}=... to jvp")
+        out_value = old_output(eq, arrays, "tangent", "jvp")
         scalars = learnable_scalars(eq, arrays)
         call = dict(arrays)
         if eq.assign != ":=":
