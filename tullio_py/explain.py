@@ -90,17 +90,28 @@ def _path(k, arrays, rng, out, shape, dtype):
     return "loops", f"generated loops, order {order} (outer to inner){jam}"
 
 
+def _times(f, n: int) -> list[float]:
+    """Seconds of n calls of f() after one warm-up call; f returns what it wants timed (a
+    zero-argument function), so setup stays outside the timing."""
+    f()()
+    ts = []
+    for _ in range(n):
+        run = f()
+        t = time.perf_counter()
+        run()
+        ts.append(time.perf_counter() - t)
+    return ts
+
+
 def _time(k, arrays: dict, repeat: int) -> float:
     eq = k.equation
+
     def call():
         a = dict(arrays)
-        if eq.assign != ":=":
+        if eq.assign != ":=":       # an in-place statement runs on a fresh copy each time
             a[eq.output] = np.array(arrays[eq.output], copy=True)
-        t = time.perf_counter()
-        k(**a)
-        return time.perf_counter() - t
-    call()
-    return float(np.median([call() for _ in range(repeat)]))
+        return lambda: k(**a)
+    return float(np.median(_times(call, repeat)))
 
 
 _LIMITS = memo.Memo("explain.limits", 1)
@@ -127,14 +138,6 @@ def _measure() -> tuple[float, float]:
     b = rng.random((8 << 20,))        # 64 MB
     c = np.empty_like(b)
 
-    def best(f, n=5):
-        f()
-        ts = []
-        for _ in range(n):
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-        return min(ts)
-    peak = 2 * 1024 ** 3 / best(lambda: a @ a)
-    bw = 2 * b.nbytes / best(lambda: np.copyto(c, b))
+    peak = 2 * 1024 ** 3 / min(_times(lambda: lambda: a @ a, 5))
+    bw = 2 * b.nbytes / min(_times(lambda: lambda: np.copyto(c, b), 5))
     return float(peak), float(bw)
