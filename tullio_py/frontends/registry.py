@@ -32,24 +32,25 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass
 class Frontend:
     name: str
-    module: object          # the module, or its dotted name until first use
+    importer: Callable[[], object]   # imports and returns the module (called on first use)
     needs: str | None       # a library that must be loaded already for such arrays to exist
+    module: object = None   # the module, once imported
 
     def load(self):
-        if isinstance(self.module, str):
-            # torch.compile traces this (a Kernel called on tensors inside a compiled function
-            # picks its frontend while tracing): it follows an import statement, not
-            # importlib.import_module, so the built-in frontends are imported by statements
-            load = _BUILT_IN.get(self.module)
-            self.module = load() if load is not None else importlib.import_module(self.module)
+        if self.module is None:
+            self.module = self.importer()
         return self.module
 
 
+# torch.compile traces the import (a Kernel called on tensors inside a compiled function picks
+# its frontend while tracing): it follows an import statement, not importlib.import_module, so
+# the built-in frontends are imported by statements.
 def _torch_call():
     from . import torch_call
     return torch_call
@@ -70,15 +71,11 @@ def _numpy():
     return numpy
 
 
-_BUILT_IN = {"tullio_py.frontends.torch_call": _torch_call, "tullio_py.frontends.dask": _dask,
-             "tullio_py.frontends.cuda_call": _cuda_call, "tullio_py.frontends.numpy": _numpy}
-
-
 _ORDER: list[Frontend] = [
-    Frontend("torch", "tullio_py.frontends.torch_call", "torch"),
-    Frontend("dask", "tullio_py.frontends.dask", "dask.array"),
-    Frontend("cuda", "tullio_py.frontends.cuda_call", None),
-    Frontend("numpy", "tullio_py.frontends.numpy", None),
+    Frontend("torch", _torch_call, "torch"),
+    Frontend("dask", _dask, "dask.array"),
+    Frontend("cuda", _cuda_call, None),
+    Frontend("numpy", _numpy, None),
 ]
 
 
@@ -88,7 +85,7 @@ def pick(kernel, arrays: dict, verb: str = "call"):
     for f in _ORDER:
         if f.needs is not None and f.needs not in modules:
             continue
-        m = f.module if not isinstance(f.module, str) else f.load()
+        m = f.module or f.load()
         if (verb == "call" or hasattr(m, verb)) and m.wants(arrays, kernel):
             return m
     raise LookupError("no frontend takes these arrays")     # numpy's wants takes everything
@@ -102,7 +99,10 @@ def names() -> list[str]:
 def register(name: str, module, needs: str | None = None, before: str = "numpy") -> None:
     """Add a frontend (a module, or its dotted name: imported on first use) ahead of
     `before`; a name already registered is replaced in place."""
-    entry = Frontend(name, module, needs)
+    if isinstance(module, str):     # a dotted name: imported on first use
+        entry = Frontend(name, lambda: importlib.import_module(module), needs)
+    else:
+        entry = Frontend(name, lambda: module, needs, module)
     for i, f in enumerate(_ORDER):
         if f.name == name:
             _ORDER[i] = entry
