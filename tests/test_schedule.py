@@ -65,6 +65,9 @@ TABLE = [
     ("C[i,j] = C[i,j] * 2 + A[j,i]", lambda: dict(A=rnd(12, 12), C=rnd(12, 12, seed=5)), {},
      "scalar"),
     ("P[i] *= A[i,j]", lambda: dict(A=F(rnd(9, 4)), P=rnd(9)), {}, "row"),
+    # a column sum: the row j split into blocks across threads, each block's loop vectorised
+    ("g[j] += dy[i,j] * (x[i,j] - mu[i])",
+     lambda: dict(dy=rnd(37, 23), x=rnd(37, 46)[:, 1::2], mu=rnd(37), g=rnd(23)), {}, "row"),
 ]
 IDS = [f"{e} {'F' if any(isinstance(v, np.ndarray) and v.ndim > 1 and v.flags.f_contiguous and not v.flags.c_contiguous for v in b().values()) else ''}" for e, b, _, _ in TABLE]
 

@@ -58,8 +58,10 @@ class Nest:
         base = ("_clo", "_chi") if chunked == loop.index else None
         if plan.block and plan.block[0] == loop.index:
             base = ("_jb", f"min(_jb + {plan.block[1]}, _stop_{loop.index})")
-        if k == len(plan.loops) - 1 and not loop.parallel:
-            # Innermost loop counted from 0 (inner_bounds).
+        if k == len(plan.loops) - 1 and (not loop.parallel or chunked == loop.index):
+            # Innermost loop counted from 0 (inner_bounds), also a block of a chunked row
+            # (`dg[j] += dy[i,j]`: 2.2 -> 0.55 ms at 4096x512, one thread): a plain
+            # range(_clo, _chi) keeps the negative-index wraparound and stays scalar.
             v = loop.index
             start, stop, checks = self.inner_bounds(v, base)
             out.add(f"_first = {start}\nfor _k in range({stop} - _first):\n    {v} = _first + _k")
