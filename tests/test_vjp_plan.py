@@ -180,3 +180,35 @@ def test_running_a_plan_gives_the_gradient(expr, arrays):
         ref = finite_difference(kernel(expr), wide, name, cot.astype(np.float64))
         np.testing.assert_allclose(g, ref, rtol=tol, atol=tol)
         np.testing.assert_allclose(grads[name], ref, rtol=tol, atol=tol)
+
+
+LAYER_NORM = "y[i,j] := (x[i,j] - mu[i]) / sqrt(var[i] + eps) * g[j] + bb[j]"
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_column_sums_fuse_with_per_block_partials(fuse, monkeypatch):
+    """The layer norm's five gradients run as one nest split over rows i: dg[j] and dbb[j]
+    (no i on the left) sum each block of rows into a partial array, added after the loops.
+    Odd sizes, a strided x; against numpy's closed forms."""
+    from tullio_py import schedule
+    monkeypatch.setattr(schedule, "PARALLEL_WORK_THRESHOLD", 0)
+    x = R.standard_normal((131, 46))[:, 1::2]
+    mu, var = x.mean(1), x.var(1)
+    arrays = dict(x=x, mu=mu, var=var, eps=1e-5, g=R.standard_normal(23),
+                  bb=R.standard_normal(23))
+    k, plan, cot, grads = plan_of(LAYER_NORM, dict(fuse=fuse), arrays)
+    if fuse:
+        assert kinds(plan) == [("fused", ["dx", "dmu", "dvar", "dg", "dbb"])]
+        text = plan.steps[0].fused.source.text
+        assert "_p3[_c, j_] +=" in text and "_p4[_c, j_] +=" in text, text
+    else:
+        assert [kd for kd, _ in kinds(plan)] == ["loops"] * 5
+    s = 1 / np.sqrt(var + 1e-5)
+    xh = (x - mu[:, None]) * s[:, None]
+    dxh = cot * arrays["g"]
+    np.testing.assert_allclose(grads["x"], dxh * s[:, None], rtol=1e-10)
+    np.testing.assert_allclose(grads["mu"], -(dxh * s[:, None]).sum(1), rtol=1e-10)
+    np.testing.assert_allclose(grads["var"], -0.5 * (dxh * xh).sum(1) / (var + 1e-5),
+                               rtol=1e-10)
+    np.testing.assert_allclose(grads["g"], (cot * xh).sum(0), rtol=1e-10)
+    np.testing.assert_allclose(grads["bb"], cot.sum(0), rtol=1e-10)

@@ -11,7 +11,12 @@ Rules (checked by `fusable`):
   bare left-hand indices (no scatter), and no statement reads another's output;
 - all have the same indices, ranges, guards, result dtype and pad value;
 - the loop split across threads is bare on every left-hand side (each thread writes its own
-  elements of every output), so the fused kernel is as race-free as each statement alone.
+  elements of every output), so the fused kernel is as race-free as each statement alone; or,
+  for a statement whose left-hand side lacks it (the column sum `dg[j] += dy[i,j] * ...` in a
+  nest split over rows i), that loop runs in CHUNKS blocks under the prange and such a
+  statement sums each block into its own zeroed partial array (`_p<k>[_c, j]`), added to its
+  output in block order after the loops (a fixed order: results do not depend on the number
+  of threads).  Allowed while the partials are small next to the work (PARTIAL_SHARE).
 
 The loop order and the reads loaded into locals are decided by schedule.fuse (a Fused).  In
 the innermost loop, a statement whose left-hand side does not depend on it sums into a
@@ -24,12 +29,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..schedule import Fused, Plan, fuse_base, safe_indices
+from ..schedule import CHUNKS, Fused, Plan, fuse_base, safe_indices
 from .emit import Emitter
 from .expr import Expr, hoist_table
 from .nest import Nest, nonneg_indices
 from .source import SUM_FASTMATH, Source
 from .text import pad_line, rename_access, rename_plan, user_arg
+
+
+PARTIAL_SHARE = 8   # partial arrays (CHUNKS copies of an output) at most 1/8 of the tuples
 
 
 def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
@@ -41,16 +49,31 @@ def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
     if len(set(outputs)) != len(outputs) or base.chunked or base.collapse or base.block:
         return False
     par = [l.index for l in base.loops if l.parallel]
+    tuples = 1
+    for r in ranges[0].values():
+        tuples *= len(r)
     for p, r in zip(plans, ranges):
         eq = p.equation
         if (p.scatter or eq.reducer != "+" or eq.finaliser or eq.assign not in ("+=", "-=")
                 or set(eq.indices) != set(base.equation.indices) or r != ranges[0]
                 or set(p.guards) != set(base.guards) or p.out_dtype != base.out_dtype
                 or p.pad_value != base.pad_value or p.fastmath != base.fastmath
-                or any(n in outputs for n in eq.arrays)
-                or not set(par) <= safe_indices(eq)):
+                or any(n in outputs for n in eq.arrays)):
             return False
+        if not set(par) <= safe_indices(eq):
+            size = CHUNKS
+            for n in eq.lhs_indices:
+                size *= len(r[n])
+            if size * PARTIAL_SHARE > tuples:
+                return False
     return True
+
+
+def partial_members(fz: Fused) -> list[int]:
+    """The statements of `fz` whose left-hand side lacks the loop split across threads: they
+    sum into per-block partial arrays (`fusable`)."""
+    par = [l.index for l in fz.plans[fz.base].loops if l.parallel]
+    return [k for k, p in enumerate(fz.plans) if not set(par) <= safe_indices(p.equation)]
 
 
 def base_plan(plans: list[Plan]) -> Plan:
@@ -74,6 +97,9 @@ def _render(fz: Fused, shown: tuple) -> Source:
     n = len(loops)
     inner = loops[-1].index
     out = Emitter()
+    partial = partial_members(fz)
+    if partial:     # the parallel loop runs in blocks, each with its own partial sums
+        base = replace(base, chunked=next(l.index for l in loops if l.parallel))
     nest = Nest(base, out, Expr(base), nonneg_indices(base, [p.equation for p in plans]))
     # One table of hoisted reads: a read shared by two statements is one load.
     hoists = hoist_table((a, level) for _, a, level in fz.reads)
@@ -93,6 +119,9 @@ def _render(fz: Fused, shown: tuple) -> Source:
                  f"{l.index}{' [threads]' if l.parallel else ''}" for l in shown[fz.base].loops),
              f"_T = _np.{dtype.name}", *filter(None, [pad_line(base)]),
              f"def _tullio_fused({', '.join(arrays + params + bounds)}):"]
+    if partial:
+        nest.open_chunks("\n".join(f"_p{k} = _np.zeros((_nc,) + {plans[k].equation.output}"
+                                   ".shape, _T)" for k in partial))
     for k in range(n - 1):
         nest.open(k, hoist=False)
     for name, level, a, r in reads:
@@ -104,6 +133,8 @@ def _render(fz: Fused, shown: tuple) -> Source:
         op = eq.assign
         lhs = r.lhs()
         term = r.rhs_without_guards()
+        if k in partial:    # its block's partial sum: `out[j]` -> `_p<k>[_c, j]`
+            lhs, op = f"_p{k}[_c, {lhs.split('[', 1)[1]}", "+="
         if inner in eq.lhs_indices:
             stores.append((None, f"{lhs} {op} {term}"))
         else:
@@ -120,6 +151,10 @@ def _render(fz: Fused, shown: tuple) -> Source:
     for after, _ in stores:
         if after:
             out.add(after)
+    out.depth = 1
+    for k in partial:       # the blocks' partial sums, in block order
+        p = plans[k].equation
+        out.add(f"for _c in range(_nc):\n    {p.output} {p.assign} _p{k}[_c]")
     lines += out.lines()
     fastmath = base.fastmath or (SUM_FASTMATH if dtype.kind in "fc" else False)
     return Source("\n".join(lines) + "\n", "_tullio_fused", tuple(arrays + params + bounds),
