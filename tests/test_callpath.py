@@ -90,3 +90,42 @@ def test_threads_option_on_the_fast_path():
     A, B = rng.random((64, 64)), rng.random((64, 64))
     for _ in range(2):
         np.testing.assert_allclose(k(A=A, B=B), A @ B)
+
+
+def test_replay_checks_every_fact_of_the_newest_call():
+    """The newest remembered call is replayed inline after checks cheaper than its key: a
+    dtype equal to it but another object, strides that differ only where the shape does not
+    fix them, a layout that differs, and an older key each get the right answer."""
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", threads=False)
+    meta = np.dtype("f8", metadata={"unit": "m"})          # == float64, another object
+    A, B = rng.random((4, 3)), rng.random((3, 5))
+    big = rng.random((6, 8))
+    for A1, B1 in [(A, B), (A.astype(meta), B), (A, B.astype(meta)),
+                   (A[:1], B), (big[2:3, :3], B), (big[:, None, :3][2:6, 0], B),
+                   (np.asfortranarray(A), B), (big[::2, :6:2][:4], B),
+                   (rng.random((2, 3)), B), (A, B)]:
+        for _ in range(3):
+            np.testing.assert_allclose(k(A=A1, B=B1), A1 @ B1)
+
+
+def test_python_int_parameter_typed_by_its_value():
+    """numba types a Python int by its value (uint64 past int64): an int outside the range of
+    the remembered call's type is not replayed through that compilation."""
+    k = kernel("y[i] := x[i] * n", threads=False)
+    x = rng.random(4)
+    for n in [2**63 + 5, 2**63 + 5, -3, -3, 3, np.array(-2)]:
+        for _ in range(2):
+            np.testing.assert_allclose(k(x=x, n=n), x * float(n))
+
+
+def test_clear_cache_empties_the_replayed_call():
+    from tullio_py import clear_cache
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", threads=False)
+    A, B = rng.random((4, 3)), rng.random((3, 5))
+    k(A=A, B=B)
+    k(A=A, B=B)
+    assert len(k._calls.entries) >= 1
+    clear_cache()
+    assert len(k._calls.entries) == 0
+    np.testing.assert_allclose(k(A=A, B=B), A @ B)         # the full path remembers again
+    assert len(k._calls.entries) == 1

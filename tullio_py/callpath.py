@@ -27,6 +27,9 @@ from . import memo, overlap, ranges
 _ND = np.ndarray
 _SCALARS = (int, float, complex, bool)
 _MAX_ENTRIES = 256      # distinct keys remembered per kernel; past that, start again
+# numpy's array flags (ndarray.flags.num)
+_C, _F, _ALIGNED, _WRITEABLE = 0x1, 0x2, 0x100, 0x400
+_INT64, _UINT64 = (-2**63, 2**63 - 1), (2**63, 2**64 - 1)
 
 
 def _extrema(J, box):
@@ -42,7 +45,8 @@ def _extrema(J, box):
 class CallCache:
     """Per Kernel: key of a call -> generated function that replays it."""
 
-    def __init__(self, eq, threads):
+    def __init__(self, eq, threads, publish=None):
+        """`publish(fn)`: told each new call function (the kernel calls the newest)."""
         self.output = eq.output
         self.in_place = eq.assign != ":="
         self.params = frozenset(eq.params)
@@ -54,6 +58,7 @@ class CallCache:
                 self.gathers.append((g.array, ranges.read_box(g)))
         self.threads = threads
         self.entries = memo.Memo("callpath.entries", _MAX_ENTRIES)
+        self.publish = publish
         self.key = self._key_function()
         self.call = self._call_function()
 
@@ -75,7 +80,9 @@ class CallCache:
                              f"else {v[n]}.__class__)")
             else:
                 lines += [f"    if {v[n]}.__class__ is not _ND:", "        return None"]
-                parts += [f"{v[n]}.dtype", f"{v[n]}.shape", f"{v[n]}.strides"]
+                # alignment: a replay calls the compiled entry for the remembered types
+                parts += [f"{v[n]}.dtype", f"{v[n]}.shape", f"{v[n]}.strides",
+                          f"{v[n]}.flags.aligned"]
         if self.in_place:
             parts.append(f"{v[self.output]}.flags.writeable")
         parts += [f"_extrema({v[g]}, _box{i})" for i, (g, _) in enumerate(self.gathers)]
@@ -92,19 +99,59 @@ class CallCache:
         exec("\n".join(["def _key(_a):", *lines, f"    return {key}"]), ns)
         return ns["_key"]
 
-    def _call_function(self):
+    def _call_function(self, hot=None):
         """def _call(arrays) -> output array, or None when the call is not a known one.
-        The key's reads, the lookup and the replay in one function: one Python frame fewer
-        than calling _key, and each argument read from the dict once."""
+        The key's reads, the lookup and the replay in one function: each argument read from
+        the dict once.  `hot`: (conditions, body lines, namespace) of the newest remembered
+        call, replayed inline when its conditions hold (no key built, no hash, no lookup, no
+        second frame) and the memo still holds entries (memo.clear_all empties it: then
+        nothing is replayed until a full call remembers again)."""
         lines, key = self._read_lines()
         v = ", ".join(f"v{i}" for i in range(len(self.names)))
-        ns = {**self._namespace(), "_get": self.entries.get}
-        exec("\n".join(["def _call(_a):", *lines,
+        ns = {**self._namespace(), "_get": self.entries.get, "_entries": self.entries}
+        inline = []
+        if hot is not None:
+            conditions, body, hot_ns = hot
+            ns.update(hot_ns)
+            inline = [f"    if {' and '.join(['_entries', *conditions])}:",
+                      *("    " + line for line in body)]
+        exec("\n".join(["def _call(_a):", *lines, *inline,
                         f"    _e = _get({key})",
                         "    if _e is None:",
                         "        return None",
                         f"    return _e({v})"]), ns)
         return ns["_call"]
+
+    def _conditions(self, given: dict, key: tuple):
+        """Conditions on v0, v1, ... (source, and the namespace of their constants) that hold
+        exactly when a call's key is `key` (the key of `given`), cheaper to test than the key
+        is to build and look up: dtypes and scalar types by identity (an equal dtype that is
+        another object fails them: the lookup then decides), numpy's flags as one integer
+        (contiguity, alignment, writeable), and strides only where shape and contiguity do
+        not fix them (a dimension of length 0 or 1, or neither C nor F contiguous)."""
+        conds, ns = [], {}
+        for i, n in enumerate(self.names):
+            a, v = given[n], f"v{i}"
+            if n in self.params:
+                if a.__class__ is _ND and a.ndim == 0:
+                    conds += [f"{v}.__class__ is _ND", f"{v}.ndim == 0", f"{v}.dtype is _h{i}"]
+                    ns[f"_h{i}"] = a.dtype
+                else:
+                    conds.append(f"{v}.__class__ is _h{i}")
+                    ns[f"_h{i}"] = a.__class__
+                continue
+            mask = _C | _F | _ALIGNED | (_WRITEABLE if self.in_place and n == self.output else 0)
+            conds += [f"{v}.dtype is _h{i}", f"{v}.shape == _s{i}",
+                      f"{v}.flags.num & {mask} == {a.flags.num & mask}"]
+            ns[f"_h{i}"], ns[f"_s{i}"] = a.dtype, a.shape
+            if not (a.ndim == 0 or min(a.shape) > 1 and a.flags.num & (_C | _F)):
+                conds.append(f"{v}.strides == _t{i}")
+                ns[f"_t{i}"] = a.strides
+        var = {n: f"v{i}" for i, n in enumerate(self.names)}
+        for j, (g, _) in enumerate(self.gathers):
+            conds.append(f"_extrema({var[g]}, _box{j}) == _x{j}")
+            ns[f"_x{j}"] = key[len(key) - len(self.gathers) + j]
+        return conds, ns
 
     def _name_constants(self) -> dict:
         """The names as constants of the generated functions (not pasted into their text)."""
@@ -125,23 +172,34 @@ class CallCache:
             return
         var = {n: f"v{i}" for i, n in enumerate(self.names)}
         consts: dict = {}
-        code = []
+        code, values = [], []      # the replay's arguments: source, and as this call has them
+        checks = []                # a Python int parameter in the remembered int type's range
         out_name = prepared.equation.output
         for i, name in enumerate(prepared.source.args):
             a = args[i]
             if name == out_name:
                 code.append("_out.reshape(1)" if out.ndim == 0 else "_out")
+                values.append(a)
             elif name.startswith("_old_"):
                 code.append("_out.copy().reshape(1)" if out.ndim == 0 else "_out.copy()")
+                values.append(a)
             elif name in var and name in collected and a is collected[name]:
                 item = name in self.params and given[name].__class__ is _ND
                 code.append(var[name] + (".item()" if item else ""))
+                values.append(given[name].item() if item else given[name])
+                if values[-1].__class__ is int:     # numba types an int by its value
+                    lo, hi = _INT64 if -2**63 <= values[-1] < 2**63 else _UINT64
+                    if item:
+                        checks.append(f"    _p{i} = {code[-1]}")
+                        code[-1] = f"_p{i}"
+                    checks += [f"    if not {lo} <= {code[-1]} <= {hi}:", "        return None"]
             elif isinstance(a, (int, float, bool, np.integer, np.floating)):
                 consts[f"_c{i}"] = a
                 code.append(f"_c{i}")
+                values.append(a)
             else:
                 return
-        body = [f"def _entry({', '.join(var[n] for n in self.names)}):"]
+        body = checks
         if self.in_place:
             body.append(f"    _out = {var[self.output]}")
             reads = [var[n] for n in self.names if n != self.output and n not in self.params]
@@ -156,13 +214,21 @@ class CallCache:
         from . import jit, schedule
         n = schedule.thread_count(self.threads, jit.max_threads())
         if prepared.source.parallel:         # thread count, budget and layer: jit.call
-            body.append(f"    _call(_fn, ({''.join(c + ', ' for c in code)}), True, _n)")
+            body.append(f"    _launch(_fn, ({''.join(c + ', ' for c in code)}), True, _n)")
         else:
-            body.append(f"    _fn({', '.join(code)})")
+            # numba's type dispatch skipped: the key fixes every argument's type (dtype, rank,
+            # layout, alignment; constants are the same values; an int parameter's range)
+            entry = jit.entry_point(prepared.fn, values)
+            consts["_run"] = entry if entry is not None else prepared.fn
+            body.append(f"    _run({', '.join(code)})")
         body.append("    return _out")
         ns = {"_full": np.full, "_empty": np.empty, "_shape": out.shape, "_dtype": out.dtype,
               "_pad": kernel.pad, "_k": kernel, "_prepared": prepared, "_fn": prepared.fn,
-              "_call": jit.call, "_n": n, "_overlap": overlap.bounds_meet,
+              "_launch": jit.call, "_n": n, "_overlap": overlap.bounds_meet,
               **consts}
-        exec("\n".join(body), ns)
+        exec("\n".join([f"def _entry({', '.join(var[n] for n in self.names)}):", *body]), ns)
         self.entries[key] = ns["_entry"]
+        conditions, constants = self._conditions(given, key)
+        self.call = self._call_function((conditions, body, {**ns, **constants}))
+        if self.publish is not None:
+            self.publish(self.call)

@@ -81,6 +81,16 @@ def load(source: Source, target: str, signature: str = ""):
     return fn
 
 
+def entry_point(fn, args):
+    """The machine code `fn(*args)` runs after numba's type dispatch (the overload for exactly
+    these arguments' types), or None.  Calling it skips the dispatch: later arguments must have
+    the same numba types (dtype, rank, layout, alignment; an int parameter's range)."""
+    try:
+        return fn.overloads[tuple(map(fn.typeof_pyval, args))].entry_point
+    except Exception:           # plain Python, no such overload, or a value numba cannot type
+        return None
+
+
 # ----------------------------------------------------------------------------- vector math
 # Kernels import vecmath's functions compiled here (`from tullio_py.jit import vm_exp_f32`),
 # each its own numba function with its own (strict) floating-point flags whatever the kernel's
@@ -257,6 +267,7 @@ def _choose_layer():
         if _layer is not None:
             return
         import numba
+        _defer_blas_check()
         try:
             layer = numba.threading_layer()          # numba's pool already runs: keep it
         except ValueError:
@@ -271,6 +282,23 @@ def _choose_layer():
         _set, _max = numba.set_num_threads, numba.config.NUMBA_NUM_THREADS
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _layer = layer
+
+
+def _defer_blas_check():
+    """numba.np.arraymath checks on import whether scipy's BLAS loads (importing scipy.linalg:
+    about 0.15 s of a new process's first call) for np.correlate/np.convolve, which no kernel
+    calls: imported here with a check that only finds scipy.linalg (numba.np.linalg still
+    imports scipy's BLAS before compiling a function that calls it)."""
+    if "numba.np.arraymath" not in sys.modules:
+        import importlib.util
+        from numba.np import linalg
+        check = linalg.ensure_blas
+        linalg.ensure_blas = lambda: importlib.util.find_spec("scipy.linalg") or check()
+        try:
+            from numba.np import arraymath
+            arraymath.ensure_blas = check
+        finally:
+            linalg.ensure_blas = check
 
 
 def _load_tbb() -> bool:
@@ -401,22 +429,8 @@ def max_threads() -> int:
     return numba.config.NUMBA_NUM_THREADS
 
 # ----------------------------------------------------------------------------- target "cuda"
+# (frontends/cuda.py compiles this text with numba-cuda)
 _CUDA_HEADER = "import math\nimport cmath\nimport numpy as _np\nfrom numba import cuda\n"
-_CUDA_LOADED = memo.Memo("jit.cuda_loaded", 256)
-
-
-def load_cuda(source) -> dict:
-    """{kernel name: numba-cuda dispatcher} for a codegen.cuda.CudaSource, cached in memory.
-    Not written to the disk cache: numba-cuda compiles each dispatcher lazily per signature."""
-    key = (source.text, source.fastmath)
-    fns = _CUDA_LOADED.get(key)
-    if fns is None:
-        from numba import cuda
-        namespace: dict = {"__name__": "tullio_py_generated_cuda"}
-        exec(compile(cuda_module_text(source), "<tullio_py cuda kernel>", "exec"), namespace)
-        fns = {n: cuda.jit(fastmath=source.fastmath)(namespace[n]) for n in source.kernels}
-        _CUDA_LOADED[key] = fns
-    return fns
 
 
 def cuda_module_text(source) -> str:

@@ -75,8 +75,8 @@ class Kernel:
         self._plans = memo.Memo("kernel.plans", 64)         # call signature -> plan
         self._lowered = None
         self._last: Prepared | None = None
-        self._calls = callpath.CallCache(self.equation, threads)   # the fast call path
-        self._replay = self._calls.call
+        self._calls = callpath.CallCache(self.equation, threads, self._use_replay)
+        self._replay = self._calls.call     # the fast call path (its newest function)
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
                       if options.blas and target in ("auto", "cpu") and not self.given else None)
@@ -121,6 +121,9 @@ class Kernel:
             if tape is not None:
                 return tape.run(self, arrays)
         return frontend.call(self, arrays)
+
+    def _use_replay(self, fn):
+        self._replay = fn
 
     # ------------------------------------------------------------------ for the frontends
     @property
@@ -340,13 +343,14 @@ def tullio(expr: str, /, **arrays_and_options):
     """Evaluate `expr`.  Arrays by keyword, or read from the caller's scope when not passed."""
     if expr.__class__ is str:       # this text called before with exactly its arrays by name
         hit = _BY_TEXT.get(expr)
-        if hit is not None and arrays_and_options.keys() == hit[1]:
+        if hit is not None:
             k = hit[0]
-            if _current() is None:
+            if _current() is None:      # a replay checks the names itself
                 out = k._replay(arrays_and_options)
                 if out is not None:
                     return out
-            return k(**arrays_and_options)
+            if arrays_and_options.keys() == hit[1]:
+                return k(**arrays_and_options)
     options = {k: v for k, v in arrays_and_options.items() if k in OPTIONS}
     arrays = {k: v for k, v in arrays_and_options.items() if k not in OPTIONS}
     k = kernel(expr, **options)

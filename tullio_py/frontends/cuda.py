@@ -99,7 +99,7 @@ def prepare(kernel, checked: dict, rng: dict, dtype: np.dtype, out_shape):
         source = codegen_cuda.render(plan)
         if kernel.verbose >= 2:
             print(source.text)
-        prepared = Prepared(jit.load_cuda(source), source, plan, work_eq, snapshot)
+        prepared = Prepared(load(source), source, plan, work_eq, snapshot)
         kernel.compiled[key] = prepared
     return prepared, call_ranges, extra
 
@@ -299,3 +299,20 @@ def ptx(kernel, arrays: dict, cc=(9, 0)) -> tuple[codegen_cuda.CudaSource, dict]
 
 
 _PTX = memo.Memo("cuda.ptx", 256)
+
+
+_LOADED = memo.Memo("cuda.loaded", 256)
+
+
+def load(source) -> dict:
+    """{kernel name: numba-cuda dispatcher} for a codegen.cuda.CudaSource, cached in memory.
+    Not written to the disk cache: numba-cuda compiles each dispatcher lazily per signature."""
+    key = (source.text, source.fastmath)
+    fns = _LOADED.get(key)
+    if fns is None:
+        from numba import cuda
+        namespace: dict = {"__name__": "tullio_py_generated_cuda"}
+        exec(compile(jit.cuda_module_text(source), "<tullio_py cuda kernel>", "exec"), namespace)
+        fns = {n: cuda.jit(fastmath=source.fastmath)(namespace[n]) for n in source.kernels}
+        _LOADED[key] = fns
+    return fns
