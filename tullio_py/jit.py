@@ -127,7 +127,7 @@ def _register_bits():
     float's bits (IEEE layout: sign, exponent biased by `bias`, `mantissa` fraction bits), and
     the vecmath functions as callable from each other."""
     from llvmlite import ir
-    from numba.core import types
+    from numba.core import cgutils, types
     from numba.extending import intrinsic, overload
 
     def layout(t):
@@ -171,14 +171,35 @@ def _register_bits():
     register(vecmath.exponent, exponent_bits)
     register(vecmath.mantissa, mantissa_bits)
 
+    def extremum(fn, which):                    # vecmath.maximum / minimum: LLVM's intrinsic
+        @intrinsic
+        def op(typingctx, a, b):
+            if not (isinstance(a, types.Float) and a == b):
+                return None
+
+            def codegen(context, builder, sig, args):
+                t = context.get_value_type(a)
+                f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]),
+                                                   f"llvm.{which}.f{a.bitwidth}")
+                return builder.call(f, args)
+            return a(a, b), codegen
+
+        @overload(fn)
+        def typed(a, b):
+            if isinstance(a, types.Float) and a == b:
+                return lambda a, b: op(a, b)
+
+    extremum(vecmath.maximum, "maximum")
+    extremum(vecmath.minimum, "minimum")
+
     def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
         @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})
         def typed(x):
             if isinstance(x, types.Float):
                 return fn
 
-    for fn in vecmath.FUNCTIONS.values():
-        callable_inside(fn)
+    for name in vecmath.UNARY:
+        callable_inside(vecmath.FUNCTIONS[name])
 
 
 _VECMATH_HASH: list = []

@@ -192,7 +192,41 @@ def tanh_f64(x):
     return small if a < _SMALL8 else (big if x == x else x)
 
 
-# The functions above by name: jit.py compiles each as `vm_<name>`; codegen.expr writes calls
-# of `_vm_<name>` into CPU kernels.
+def maximum(a, b):
+    """IEEE 754-2019 maximum of two floats of one dtype: NaN when either is NaN, else the
+    larger, +0.0 above -0.0 (compiled: LLVM's llvm.maximum, a reduction the compiler
+    vectorises without fast-math flags, since the order of the operands never matters)."""
+    if a != a or b != b:
+        return a + b
+    if a == b:
+        return b if np.signbit(a) else a
+    return a if a > b else b
+
+
+def minimum(a, b):
+    """IEEE 754-2019 minimum: NaN when either is NaN, else the smaller, -0.0 below +0.0
+    (compiled: llvm.minimum)."""
+    if a != a or b != b:
+        return a + b
+    if a == b:
+        return a if np.signbit(a) else b
+    return a if a < b else b
+
+
+def maximum_of(a, b):
+    """`maximum` as a function jit.py compiles (the intrinsic inside it)."""
+    return maximum(a, b)
+
+
+def minimum_of(a, b):
+    """`minimum` as a function jit.py compiles."""
+    return minimum(a, b)
+
+
+# The functions above by name: jit.py compiles each as `vm_<name>`; codegen writes calls of
+# `_vm_<name>` into CPU kernels (in plain Python, numpy's ufunc of the name before '_').
 FUNCTIONS = {"exp_f32": exp_f32, "exp_f64": exp_f64, "log_f32": log_f32, "log_f64": log_f64,
-             "tanh_f32": tanh_f32, "tanh_f64": tanh_f64}
+             "tanh_f32": tanh_f32, "tanh_f64": tanh_f64,
+             "maximum_f32": maximum_of, "maximum_f64": maximum_of,
+             "minimum_f32": minimum_of, "minimum_f64": minimum_of}
+UNARY = ("exp_f32", "exp_f64", "log_f32", "log_f64", "tanh_f32", "tanh_f64")

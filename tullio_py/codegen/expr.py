@@ -227,6 +227,10 @@ class Expr:
             return self.expr(e)
         return f"{self.expr(e)} != 0"
 
+    def rhs_dtype(self):
+        """The dtype of the right-hand side's value (rhs_without_guards)."""
+        return self.dtype_of(self.eq.rhs)
+
     def rhs_without_guards(self) -> str:
         """The right-hand side without its mask factors (the loops' guards apply them)."""
         factors = [f for f in top_factors(self.eq.rhs) if mask_guards(f) is None]
