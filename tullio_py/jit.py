@@ -171,26 +171,18 @@ def _register_bits():
     register(vecmath.exponent, exponent_bits)
     register(vecmath.mantissa, mantissa_bits)
 
-    def extremum(fn, which):                    # vecmath.maximum / minimum: LLVM's intrinsic
+    def extremum(which):                        # vecmath.maximum / minimum: llvm.<which>
         @intrinsic
         def op(typingctx, a, b):
-            if not (isinstance(a, types.Float) and a == b):
-                return None
-
             def codegen(context, builder, sig, args):
-                t = context.get_value_type(a)
-                f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]),
-                                                   f"llvm.{which}.f{a.bitwidth}")
-                return builder.call(f, args)
-            return a(a, b), codegen
+                fty = ir.FunctionType(args[0].type, [args[0].type] * 2)
+                return builder.call(cgutils.get_or_insert_function(
+                    builder.module, fty, f"llvm.{which}.f{a.bitwidth}"), args)
+            return (a(a, b), codegen) if isinstance(a, types.Float) and a == b else None
+        overload(getattr(vecmath, which))(lambda a, b: lambda a, b: op(a, b))
 
-        @overload(fn)
-        def typed(a, b):
-            if isinstance(a, types.Float) and a == b:
-                return lambda a, b: op(a, b)
-
-    extremum(vecmath.maximum, "maximum")
-    extremum(vecmath.minimum, "minimum")
+    for which in ("maximum", "minimum"):
+        extremum(which)
 
     def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
         @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})
