@@ -8,10 +8,11 @@
 - T_STEP: one step of blas_shift.run's loop on 1x1 matrices (view indexing, transpose,
   reshape, matmul call, accumulation), minus T_CALL;
 - BW: bytes of a contiguous float32 view copied per second (copy of a 16 MB array);
+- BW_CACHE: the same for a 256 KB array copied again and again (it stays in the cache);
 - PENALTY: how much slower a copy whose contiguous runs are 4 elements long is;
 - LOOP_RATE: flop/s of the generated loops (blas=False) on a conv1d and a conv2d.
 
-Prints the values to paste into blas_shift.py; medians of several runs.  The numbers depend on
+Prints the values to paste into blas_shift_cost.py; medians of several runs.  The numbers depend on
 what else runs on the machine: say so next to them.
 """
 import argparse
@@ -87,7 +88,14 @@ def copy_costs(rng):
     v = a.reshape(2048, 512, 4).transpose(1, 0, 2)      # runs of 4 elements
     c = np.empty(v.shape, np.float32)
     short = a.nbytes / median_time(lambda: np.copyto(c, v))
-    return bw, bw / short
+    s = a[:256, :256]
+    d = np.empty_like(s)
+
+    def small():
+        for _ in range(50):
+            np.copyto(d, s)
+    cached = 50 * s.nbytes / median_time(small)
+    return bw, bw / short, cached
 
 
 def loop_rate(rng):
@@ -107,7 +115,7 @@ def loop_rate(rng):
 def validate():
     """For conv1d/conv2d forward and gradient statements: every candidate plan (one per set of
     looped indices, each with its cheapest arrangement) timed, next to the model's cost."""
-    from tullio_py import blas_shift, kernel
+    from tullio_py import blas_shift, blas_shift_cost, kernel
     rng = np.random.default_rng(0)
     cases = [
         ("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", {"x": (32, 64, 260), "w": (64, 64, 5)}, None),
@@ -121,6 +129,15 @@ def validate():
          {"x": (16, 34, 34, 32), "w": (3, 3, 32, 64)}, None),
         ("dw[o,c,i,j] += dy[b,o,h,v] * x[b,c,h+i,v+j]",
          {"dy": (16, 64, 32, 32), "x": (16, 32, 34, 34)}, (64, 32, 3, 3)),
+        ("dx[b,c,h+i,v+j] += dy[b,o,h,v] * w[o,c,i,j]",
+         {"dy": (16, 64, 32, 32), "w": (64, 32, 3, 3)}, (16, 32, 34, 34)),
+        ("dx[b,h+i,v+j,c] += dy[b,h,v,o] * w[i,j,c,o]",
+         {"dy": (16, 32, 32, 64), "w": (3, 3, 32, 64)}, (16, 34, 34, 32)),
+        ("dw[i,j,c,o] += dy[b,h,v,o] * x[b,h+i,v+j,c]",
+         {"dy": (16, 32, 32, 64), "x": (16, 34, 34, 32)}, (3, 3, 32, 64)),
+        ("y[b,c,i] := x[b,c,i+j] * w[c,j]", {"x": (32, 64, 260), "w": (64, 5)}, None),
+        ("dw[c,j] += dy[b,c,i] * x[b,c,i+j]", {"dy": (32, 64, 256), "x": (32, 64, 260)},
+         (64, 5)),
     ]
     agree = 0
     for expr, shapes, out_shape in cases:
@@ -135,18 +152,25 @@ def validate():
         rngs = k.ranges(**arrays, **({eq.output: out} if eq.assign != ":=" else {}))
         plans = blas_shift.candidates(k._shift, arrays, rngs, out.shape, out.strides, out.dtype)
         rows = []
+        least = min(p.cost for p in plans)
         for p in plans:
+            if p.cost > 6 * least:      # far off: not worth timing
+                continue
             t = median_time(lambda p=p, k=k, arrays=arrays, out=out:
-                           blas_shift.run(p, k._shift, arrays, out, False), 5)
+                           blas_shift.run(p, k._shift, arrays, out, False, p.write), 5)
             rows.append((p.cost, t, p))
         chosen = min(rows, key=lambda r: r[0])
         fastest = min(rows, key=lambda r: r[1])
         agree += chosen is fastest
-        print(expr)
+        loops = kernel(expr, blas=False, threads=args.threads)
+        t_loops = median_time(lambda: loops(**arrays, **({eq.output: out.copy()}
+                                                         if eq.assign != ":=" else {})), 5)
+        print(f"{expr}   (loops, blas=False: {t_loops * 1e3:.3f} ms; model "
+              f"{2e3 * np.prod([len(r) for r in rngs.values()]) / blas_shift_cost.LOOP_RATE:.3f} ms)")
         for cost, t, p in sorted(rows, key=lambda r: r[1]):
             mark = "*" if r_is(p, chosen[2]) else " "
             print(f"  {mark} loop over {p.loop or '()'}: model {cost * 1e3:8.3f} ms, "
-                  f"measured {t * 1e3:8.3f} ms")
+                  f"measured {t * 1e3:8.3f} ms  {'im2col' if p.im2col else ''}")
         print(f"  chosen/fastest measured: {chosen[1] / fastest[1]:.2f}")
     print(f"the model picked the fastest plan in {agree} of {len(cases)} cases "
           f"(load average {os.getloadavg()})")
@@ -162,7 +186,7 @@ def main():
     rng = np.random.default_rng(0)
     t_call, peak, h, err = fit_gemm(rng)
     t_step = step_time(rng) - t_call
-    bw, penalty = copy_costs(rng)
+    bw, penalty, bw_cache = copy_costs(rng)
     lr = loop_rate(rng)
     print(f"threads={args.threads}  load average {os.getloadavg()}")
     print(f"PEAK = {peak:.3g}      # flop/s (gemm fit, median relative error {err:.0%})")
@@ -170,6 +194,7 @@ def main():
     print(f"T_CALL = {t_call:.3g}")
     print(f"T_STEP = {t_step:.3g}")
     print(f"BW = {bw:.3g}")
+    print(f"BW_CACHE = {bw_cache:.3g}")
     print(f"PENALTY = {penalty:.3g}")
     print(f"LOOP_RATE = {lr:.3g}")
 

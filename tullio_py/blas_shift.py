@@ -12,7 +12,7 @@ is then a view with two axes of the same stride, and merging (c, j) into matmul'
 once (im2col) before one large gemm.
 
 Which S, and for each operand whether its free indices that do not merge into one matrix
-dimension become batch axes or are merged by a copy, is decided by a cost model (`_cost`,
+dimension become batch axes or are merged by a copy, is decided by a cost model (blas_shift_cost.py,
 constants measured by benchmarks/blas_shift_costs.py) from the call's shapes, strides and
 ranges, once per call signature: the same signature always runs the same plan.  Ranges need
 not cover the arrays (views are cut to them), so gradient statements run with the forward's
@@ -26,40 +26,18 @@ with an input, accesses outside the arrays (the loops report those), small work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import combinations, pairwise, product
+from itertools import combinations, product
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from . import blas_shift_cost as model
 from .blas import MIN_WORK, factors
+from .blas_shift_cost import blasable as _blasable, chain as _chain, merges as _merges, prod as _prod
 from .ir import Access, Affine, Const, Equation, Param
 from .memo import Memo
 from .signature import CallSignature
 from .ranges import affine_bounds, output_shape
-
-# Cost model of one plan (seconds).  One np.matmul gemm of (m, k) x (k, n) takes
-#   T_CALL + 2 m n k / PEAK * (1 + H/m + H/n + H/k)
-# (small dimensions waste the gemm kernel's blocking); each step of the loop over S costs
-# T_STEP of Python; copies and the accumulation into the output move their bytes at BW, an
-# element of a strided access costing up to a cache line (LINE bytes; the measured PENALTY,
-# how much slower a transposing copy of float32 is, agrees: 10-20); the loops run at
-# LOOP_RATE flop/s.  Measured by benchmarks/blas_shift_costs.py --threads 1 (float32, OpenBLAS 0.3.31 via
-# numpy 2, 2-core machine shared with other jobs, load average 8-11: two runs gave PEAK
-# 1.65-1.68e11, H 2.4-2.9, T_CALL 7.5-7.7e-7, T_STEP 2.4e-6, BW 1.3-1.4e10, PENALTY 10-20,
-# LOOP_RATE 2.4-3.4e9 (conv1d / conv2d loops, blas=False)).  `--validate` timed every
-# candidate of six conv1d/conv2d forward and gradient statements (load average 10): the model
-# picked the fastest in 3 of 6 and was at most 1.48x slower than it (conv2d NHWC forward, dW of
-# conv1d); measured times ran about 2x the model's under that load, so BLAS must beat the
-# loops by MARGIN (a depthwise conv, gemms of 1x5x8192, modelled 1.5 ms, took 7 ms).
-PEAK = 1.65e11
-H = 2.9
-T_CALL = 7.5e-7
-T_STEP = 2.4e-6
-BW = 1.4e10
-LINE = 64       # bytes a strided access moves at most per element (a cache line)
-LOOP_RATE = 3.4e9
-MARGIN = 2.0
-
 
 class Shifted:
     """A statement that may run as shifted contractions; remembers plans per call signature."""
@@ -105,10 +83,10 @@ class Shifted:
         p = self.plan(arrays, rng, shape, strides, dtype, loop_threads)
         if p is None:
             return None
-        # Without a loop over S each covered element is written once: `:=` and `=` store the
-        # product (matmul writes straight into the output where its layout allows).
+        # When each step covers its own elements, `:=` and `=` store the product (matmul
+        # writes straight into the output where its layout allows).
         overwrite = eq.assign in (":=", "=")
-        write = not p.loop and overwrite
+        write = p.write
         if fresh:
             out = (np.empty(shape, dtype) if write and self.full else
                    np.zeros(shape, dtype) if pad == 0 else np.full(shape, pad, dtype))
@@ -158,6 +136,7 @@ class _View:
     shape: tuple
     strides: tuple        # bytes
     sub: tuple            # positions in the S tuple of its S axes
+    span: int             # elements of the array one step's view touches
 
 
 @dataclass(frozen=True)
@@ -165,7 +144,8 @@ class Plan:
     loop: tuple           # S: indices looped over in Python, each a range of positions
     steps: tuple          # lengths of the S ranges
     views: tuple          # _View of read 0, read 1, output
-    ops: tuple            # per read: (axes summed first, transpose, matmul shape)
+    ops: tuple            # per read: (axes summed first, transpose, matmul shape, copy to
+                          # C order, swap the matrix axes after the copy)
     left: int             # which read is matmul's left operand
     res_shape: tuple      # matmul result reshaped to one axis per label
     mm_shape: tuple       # matmul result: batch axes, then the two matrix dimensions
@@ -173,6 +153,8 @@ class Plan:
     small: int            # the read the scale multiplies (the smaller view)
     cost: float           # the model's seconds (for explain and tests)
     im2col: bool          # some operand is copied into a merged (im2col-style) matrix
+    write: bool           # each step stores its result (no two steps share an element)
+    direct: bool          # ... and the gemm writes it straight into the output
 
 
 def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
@@ -187,21 +169,10 @@ def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
     names = list(dict.fromkeys(n for s in acc.indices for n in s.names))
     labels = [n for n in S if n in names] + [n for n in names if n not in S]
     st = tuple(sum(s.coef(n) * strides[d] for d, s in enumerate(acc.indices)) for n in labels)
+    span = _prod(1 + sum(abs(c) * (len(rng[n]) - 1) for n, c in s.terms if n not in S)
+                 for s in acc.indices)
     return _View(tuple(start), tuple(labels), tuple(len(rng[n]) for n in labels), st,
-                 tuple(S.index(n) for n in labels if n in S))
-
-
-def _chain(labels, size, stride) -> bool:
-    """Whether axes `labels` (outer to inner) merge into one axis without a copy."""
-    labels = [n for n in labels if size[n] != 1]
-    return all(stride[a] == stride[b] * size[b] for a, b in pairwise(labels))
-
-
-def _prod(xs):
-    out = 1
-    for x in xs:
-        out *= x
-    return out
+                 tuple(S.index(n) for n in labels if n in S), span)
 
 
 def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_threads=1):
@@ -212,7 +183,8 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype)
     best = min(plans, key=lambda p: p.cost, default=None)
     work = _prod(len(rng[n]) for n in sh.eq.indices)
-    if best is None or MARGIN * best.cost > 2.0 * work / (LOOP_RATE * max(1, loop_threads)):
+    if best is None or model.MARGIN * best.cost > 2.0 * work / (model.LOOP_RATE *
+                                                                 max(1, loop_threads)):
         return None
     return best
 
@@ -229,23 +201,35 @@ def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype) -> list:
         return []
     if any(s == 0 and n > 1 for s, n in zip(out_strides, out_shape)):
         return []               # a broadcast output: several elements share memory
+    # Besides the shift indices, one index of the larger read may be looped over too (the
+    # batch index of a convolution): each step's im2col copy then stays in the cache.
+    big = max(range(2), key=lambda i: arrs[i].size)
+    blocks = [()] + [(n,) for n in dict.fromkeys(x for s in sh.reads[big].indices
+                                                 for x in s.names) if n not in sh.shifts]
+    overwrite = eq.assign in (":=", "=")
     plans = []
     for k in range(len(sh.shifts) + 1):
-        for S in combinations(sh.shifts, k):
-            if any(len([n for n in s.names if n not in S]) > 1 for s in eq.lhs.indices):
-                continue        # the output view would write an element twice
-            views = [_view(a, x.shape, x.strides, rng, S) for a, x in zip(sh.reads, arrs)]
-            vo = _view(eq.lhs, out_shape, out_strides, rng, S)
-            if vo is None or None in views:
-                return []       # out of bounds: the loops raise the proper error
-            plans.append(_arrange(S, views, vo, rng, dtype.itemsize))
+        for shift in combinations(sh.shifts, k):
+            for S in ((*b, *shift) for b in blocks):
+                if any(len([n for n in s.names if n not in S]) > 1 for s in eq.lhs.indices):
+                    continue        # the output view would write an element twice
+                views = [_view(a, x.shape, x.strides, rng, S) for a, x in zip(sh.reads, arrs)]
+                vo = _view(eq.lhs, out_shape, out_strides, rng, S)
+                if vo is None or None in views:
+                    return []       # out of bounds: the loops raise the proper error
+                # each step writes its own output elements: a looped index alone in a
+                # dimension of the output
+                disjoint = all(any(s.names == (n,) for s in eq.lhs.indices) for n in S)
+                plans.append(_arrange(S, views, vo, rng, dtype.itemsize,
+                                      disjoint and overwrite))
     return plans
 
 
-def _arrange(S, views, vo, rng, itemsize) -> Plan:
+def _arrange(S, views, vo, rng, itemsize, write=False) -> Plan:
     """The cheapest matmul arrangement for one S: which read is on the left, which of each
     read's free indices merge into the matrix dimension (the rest become broadcast batch
-    axes), and the order of the contracted indices."""
+    axes), and the order of the contracted indices.  `write`: each step stores its result
+    (no two steps write the same element of a `:=` or `=` output)."""
     size = {n: len(rng[n]) for n in rng}
     labels = [v.labels[len(v.sub):] for v in views]
     lo = vo.labels[len(vo.sub):]
@@ -256,14 +240,15 @@ def _arrange(S, views, vo, rng, itemsize) -> Plan:
     free = [[n for n in by_out if n in labels[i] and n not in labels[1 - i]] for i in (0, 1)]
     red = [n for n in labels[0] if n in labels[1] and n not in lo]
     k_orders = {tuple(sorted(red, key=lambda n: -abs(strides[i][n]))) for i in (0, 1)}
+    spans = [v.span for v in views]
     best = None
     for left in (0, 1):
         right = 1 - left
         for kk in sorted(k_orders):
             for ma in _merges(free[left], size, strides[left]):
                 for nb in _merges(free[right], size, strides[right]):
-                    c = _cost(S, labels, left, list(kk), ma, nb, batch, free, lo, size,
-                              strides, itemsize)
+                    c = model.cost(S, labels, left, list(kk), ma, nb, batch, free, lo, size,
+                                   strides, itemsize, write, spans)
                     if best is None or c < best[0]:
                         best = (c, left, list(kk), ma, nb)
     cost, left, kk, ma, nb = best
@@ -274,88 +259,36 @@ def _arrange(S, views, vo, rng, itemsize) -> Plan:
     for i, g_own, g_other, mine, first in ((left, ga, gb, ma, True), (right, gb, ga, nb, False)):
         summed = tuple(a for a, x in enumerate(labels[i]) if x not in lo and x not in red)
         kept = [x for x in labels[i] if x in lo or x in red]
-        order = batch + g_own + (mine + kk if first else kk + mine)
+        st = strides[i]
+        views_ok = _chain(mine, size, st) and _chain(kk, size, st)
+        matrix = _blasable(mine, kk, st, itemsize) if first else _blasable(kk, mine, st, itemsize)
+        groups = (mine, kk) if first else (kk, mine)
+        inner = groups[0] + groups[1]
+        # a copied operand is copied in the cheaper of the matrix's two orders (the gemm
+        # takes the other as a transposed view)
+        flip = not (views_ok and matrix) and model.flip_copy(labels[i], groups, size, st,
+                                                             itemsize)
+        order = batch + g_own + (groups[1] + groups[0] if flip else inner)
         ones = [1] * len(g_other)
         mm = [size[x] for x in batch] + ([size[x] for x in g_own] + ones if first else
                                          ones + [size[x] for x in g_own])
-        mm += ([_prod(size[x] for x in mine), _prod(size[x] for x in kk)] if first else
+        two = ([_prod(size[x] for x in mine), _prod(size[x] for x in kk)] if first else
                [_prod(size[x] for x in kk), _prod(size[x] for x in mine)])
-        st = strides[i]
-        contig = (_chain(mine, size, st) and _chain(kk, size, st)
-                  and not (_blasable(mine, kk, st, itemsize) if first else
-                           _blasable(kk, mine, st, itemsize)))
-        ops[i] = (summed, tuple(kept.index(x) for x in order), tuple(mm), contig)
+        mm += two[::-1] if flip else two
+        contig = views_ok and not matrix
+        ops[i] = (summed, tuple(kept.index(x) for x in order), tuple(mm), contig, flip)
     res = batch + ga + gb + ma + nb
     small = 0 if _prod(size[x] for x in labels[0]) <= _prod(size[x] for x in labels[1]) else 1
-    im2col = not S and any(len(set(v.strides)) < len(v.strides) for v in views)
+    im2col = any(len(set(v.strides[len(v.sub):])) < len(v.strides) - len(v.sub)
+                 for v in views)
+    direct = write and _chain(ma, size, so) and _chain(nb, size, so) and \
+        _blasable(ma, nb, so, itemsize)
     return Plan(tuple(S), tuple(size[x] for x in S), (views[0], views[1], vo), tuple(ops),
                 left, tuple(size[x] for x in res),
                 tuple(size[x] for x in batch + ga + gb) + (_prod(size[x] for x in ma),
                                                            _prod(size[x] for x in nb)),
                 tuple(lo.index(x) for x in res), small,
-                cost, im2col)
-
-
-def _merges(free, size, stride):
-    """Candidate matrix dimensions from an operand's free indices (given outer to inner in
-    the output): the innermost run that merges as a view of the operand, or all of them
-    (a copy) in the output's order or the operand's."""
-    if not free:
-        return [[]]
-    own = sorted(free, key=lambda n: -abs(stride[n]))
-    k = len(own) - 1
-    while k > 0 and _chain(own[k - 1:k + 1], size, stride):
-        k -= 1
-    out = []
-    for c in (own[k:], list(free), own):
-        if c not in out:
-            out.append(c)
-    return out
-
-
-def _cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize) -> float:
-    """Seconds the model gives one arrangement (see the constants at the top)."""
-    right = 1 - left
-    moved = 0.0
-    for i, mine, first in ((left, ma, True), (right, nb, False)):
-        st = strides[i]
-        inner = (mine + kk) if first else (kk + mine)
-        views = _chain(mine, size, st) and _chain(kk, size, st)      # else reshape copies
-        matrix = (_blasable(mine, kk, st, itemsize) if first else
-                  _blasable(kk, mine, st, itemsize))                  # else copied for gemm
-        if not (views and matrix):
-            moved += _copy_bytes(labels[i], inner, size, st, itemsize)
-    res = batch + [n for n in free[left] if n not in ma] + [n for n in free[right]
-                                                            if n not in nb] + ma + nb
-    moved += 3 * _copy_bytes(lo, res, size, strides[2], itemsize)
-    ga = [n for n in free[left] if n not in ma]
-    gb = [n for n in free[right] if n not in nb]
-    m, n, k = (_prod(size[x] for x in g) for g in (ma, nb, kk))
-    calls = _prod(size[x] for x in batch + ga + gb)
-    gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
-    return _prod(size[x] for x in S) * (T_STEP + calls * (T_CALL + gemm) + moved / BW)
-
-
-def _copy_bytes(labels, order, size, stride, itemsize) -> float:
-    """Bytes of memory traffic of a pass over a view (axes `labels`) in the axis order
-    `order`: its contiguous runs plus a cache line per run, or a cache line per element
-    (at most) when the innermost axis is strided."""
-    run, prev = 1, None
-    for x in reversed(order):
-        if size[x] == 1:
-            continue
-        if prev is None and abs(stride[x]) != itemsize:
-            return _prod(size[y] for y in labels) * min(abs(stride[x]), LINE)
-        if prev is not None and stride[x] != stride[prev] * size[prev]:
-            break
-        run, prev = run * size[x], x
-    return _prod(size[y] for y in labels) / run * (run * itemsize + LINE)
-
-
-def _blasable(outer, inner, stride, itemsize) -> bool:
-    """A matrix whose rows or columns are contiguous (gemm takes it without a copy)."""
-    return ((not inner or abs(stride[inner[-1]]) == itemsize)
-            or (not outer or abs(stride[outer[-1]]) == itemsize))
+                cost, im2col, write, direct)
 
 
 # ----------------------------------------------------------------------------- running
@@ -367,7 +300,8 @@ def _master(arr: np.ndarray, v: _View, writeable: bool) -> np.ndarray:
 def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
         write: bool = False):
     """Accumulate the statement into `out` (cleared first where written, for `=` and a
-    `:=` output filled with a pad value), or with `write` (one step) store it there."""
+    `:=` output filled with a pad value), or with `write` (steps that share no element)
+    store it there."""
     eq = sh.eq
     a0, a1 = (arrays[a.array] for a in sh.reads)
     m0 = _master(a0, p.views[0], False)
@@ -382,24 +316,38 @@ def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
         scale = -scale
     subs = [v.sub for v in p.views]
     masters = (m0, m1)
+    bufs = [None, None]     # an operand's merged (im2col) copy, reused by every step
     for pos in product(*[range(n) for n in p.steps]):
         xs = []
         for i in (0, 1):
-            summed, perm, shape, contig = p.ops[i]
+            summed, perm, shape, contig, flip = p.ops[i]
             x = masters[i][tuple(pos[j] for j in subs[i]) + (Ellipsis,)]
             if summed:
                 x = x.sum(axis=summed)
-            x = x.transpose(perm).reshape(shape)
-            if contig:
+            x = x.transpose(perm)
+            if bufs[i] is None:
+                try:
+                    x = np.reshape(x, shape, copy=False)
+                except ValueError:              # the merge copies: into a buffer kept
+                    bufs[i] = np.empty(x.shape, x.dtype)
+            if bufs[i] is not None:
+                np.copyto(bufs[i], x)
+                x = bufs[i].reshape(shape)
+            elif contig:
                 x = np.ascontiguousarray(x)
+            if flip:
+                x = x.swapaxes(-1, -2)
             xs.append(x * scale if scale != 1 and i == p.small else x)
         a, b = xs[p.left], xs[1 - p.left]
         t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
         if write:
-            try:
-                np.matmul(a, b, out=np.reshape(t, p.mm_shape, copy=False))
-            except (ValueError, TypeError):     # the output's layout is no matmul result
-                np.copyto(t, np.matmul(a, b).reshape(p.res_shape), casting="unsafe")
+            if p.direct:
+                try:
+                    np.matmul(a, b, out=np.reshape(t, p.mm_shape, copy=False))
+                    continue
+                except (ValueError, TypeError):     # the output's layout is no matmul result
+                    pass
+            np.copyto(t, np.matmul(a, b).reshape(p.res_shape), casting="unsafe")
             continue
         np.add(t, np.matmul(a, b).reshape(p.res_shape), out=t, casting="unsafe")
     return out

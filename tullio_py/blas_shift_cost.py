@@ -1,0 +1,149 @@
+"""The cost model of blas_shift.py's plans: seconds for one arrangement of matmuls over
+strided views, from shapes, strides and the constants below (measured by
+benchmarks/blas_shift_costs.py; `--validate` times every candidate against the model).
+
+One np.matmul gemm of (m, k) x (k, n) takes
+    T_CALL + 2 m n k / PEAK * (1 + H/m + H/n + H/k)
+(small dimensions waste the gemm kernel's blocking); each step of the Python loop over the
+looped indices costs T_STEP.  Copies (an operand merged into a matrix, im2col-style) and the
+result's trip into the output move their bytes at BW, or at BW_CACHE when one step's copy fits
+in CACHE bytes (it is still in the cache when the gemm reads it: a loop over the batch index
+keeps each step's im2col matrix there); an element of a strided access costs up to a cache
+line (LINE bytes).  A result the gemm can write straight into the output moves nothing more;
+one written through a temporary costs 2 passes over it, one added to the output 3.
+"""
+from __future__ import annotations
+
+from itertools import pairwise
+
+# Measured by benchmarks/blas_shift_costs.py --threads 1 (float32, OpenBLAS 0.3.31 SkylakeX via
+# numpy 2, 2-core AVX-512 machine shared with other jobs, load average 1.5-2): PEAK, H, T_CALL
+# from a fit of np.matmul times; T_STEP one step of the loop; BW a 16 MB copy, BW_CACHE a
+# 256 KB one repeated; LOOP_RATE the generated loops (blas=False) on conv1d / conv2d.
+# `--validate` timed every candidate of the conv1d / conv2d forward and gradient statements.
+PEAK = 1.45e11
+H = 2.9
+T_CALL = 8.1e-7
+T_STEP = 2.4e-6
+BW = 1.4e10
+BW_CACHE = 2.4e10
+CACHE = 2 << 20     # bytes one step's copy may take and stay in the cache (L2 of this machine)
+LINE = 64           # bytes a strided access moves at most per element (a cache line)
+LOOP_RATE = 6.5e9
+# BLAS must beat the loops by this factor: measured times of many small gemms run above the
+# model's (a depthwise conv, gemms of 1x5x8192, modelled 1.5 ms, took 7 ms).
+MARGIN = 2.0
+
+
+def prod(xs):
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def chain(labels, size, stride) -> bool:
+    """Whether axes `labels` (outer to inner) merge into one axis without a copy."""
+    labels = [n for n in labels if size[n] != 1]
+    return all(stride[a] == stride[b] * size[b] for a, b in pairwise(labels))
+
+
+def blasable(outer, inner, stride, itemsize) -> bool:
+    """A matrix whose rows or columns are contiguous (gemm takes it without a copy)."""
+    return ((not inner or abs(stride[inner[-1]]) == itemsize)
+            or (not outer or abs(stride[outer[-1]]) == itemsize))
+
+
+def merges(free, size, stride):
+    """Candidate matrix dimensions from an operand's free indices (given outer to inner in
+    the output): the innermost run that merges as a view of the operand, or all of them
+    (a copy) in the output's order or the operand's."""
+    if not free:
+        return [[]]
+    own = sorted(free, key=lambda n: -abs(stride[n]))
+    k = len(own) - 1
+    while k > 0 and chain(own[k - 1:k + 1], size, stride):
+        k -= 1
+    out = []
+    for c in (own[k:], list(free), own):
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
+         write=False, spans=None) -> float:
+    """Seconds the model gives one arrangement; `write`: each step's result may be stored
+    into the output (no two steps write the same element) rather than added to it; `spans`:
+    elements of each read one step touches (fewer than its view's when axes overlap)."""
+    right = 1 - left
+    moved = 0.0
+    for i, mine, first in ((left, ma, True), (right, nb, False)):
+        st = strides[i]
+        inner = (mine + kk) if first else (kk + mine)
+        views = chain(mine, size, st) and chain(kk, size, st)      # else reshape copies
+        matrix = (blasable(mine, kk, st, itemsize) if first else
+                  blasable(kk, mine, st, itemsize))                  # else copied for gemm
+        if not (views and matrix):
+            groups = (mine, kk) if first else (kk, mine)
+            moved += copy_time(labels[i], groups, size, st, itemsize,
+                               spans[i] if spans else None)
+    ga = [n for n in free[left] if n not in ma]
+    gb = [n for n in free[right] if n not in nb]
+    res = batch + ga + gb + ma + nb
+    so = strides[2]
+    direct = write and chain(ma, size, so) and chain(nb, size, so) and blasable(
+        ma, nb, so, itemsize)
+    if not direct:
+        nbytes = prod(size[x] for x in res) * itemsize
+        moved += (2 if write else 3) * copy_bytes(lo, res, size, so, itemsize) / (
+            BW_CACHE if nbytes <= CACHE else BW)
+    m, n, k = (prod(size[x] for x in g) for g in (ma, nb, kk))
+    calls = prod(size[x] for x in batch + ga + gb)
+    gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
+    return prod(size[x] for x in S) * (T_STEP + calls * (T_CALL + gemm) + moved)
+
+
+def copy_time(labels, groups, size, stride, itemsize, span=None) -> float:
+    """Seconds of one step's copy of a view (axes `labels`) into a matrix whose two
+    dimensions merge the axes `groups`, in the cheaper of its two orders: the source's
+    traffic (each element of the array once per step: `span` of them) from memory, the copy
+    written at BW_CACHE when it fits in the cache."""
+    n = prod(size[x] for x in labels)
+    a, b = groups
+    src = min(copy_bytes(labels, a + b, size, stride, itemsize),
+              copy_bytes(labels, b + a, size, stride, itemsize))
+    if span is not None and span < n:
+        src *= span / n
+    dest = n * itemsize
+    return src / BW + dest / (BW_CACHE if dest <= CACHE else BW)
+
+
+def flip_copy(labels, groups, size, stride, itemsize) -> bool:
+    """Whether the copy of a matrix whose dimensions merge axes `groups` goes faster in the
+    transposed order."""
+    a, b = groups
+    return copy_bytes(labels, b + a, size, stride, itemsize) < \
+        copy_bytes(labels, a + b, size, stride, itemsize)
+
+
+def _at_speed(nbytes: float, footprint: float) -> float:
+    """Seconds to move `nbytes` whose result takes `footprint` bytes: from the cache when it
+    fits there."""
+    return nbytes / (BW_CACHE if footprint <= CACHE else BW)
+
+
+def copy_bytes(labels, order, size, stride, itemsize) -> float:
+    """Bytes of memory traffic of a pass over a view (axes `labels`) in the axis order
+    `order`: its contiguous runs plus a cache line per run, or a cache line per element
+    (at most) when the innermost axis is strided."""
+    run, prev = 1, None
+    for x in reversed(order):
+        if size[x] == 1:
+            continue
+        if prev is None and abs(stride[x]) != itemsize:
+            return prod(size[y] for y in labels) * min(abs(stride[x]), LINE)
+        if prev is not None and stride[x] != stride[prev] * size[prev]:
+            break
+        run, prev = run * size[x], x
+    return prod(size[y] for y in labels) / run * (run * itemsize + LINE)
