@@ -39,6 +39,10 @@ from .memo import Memo
 from .signature import CallSignature
 from .ranges import affine_bounds, output_shape
 
+# most values of the scattered indices of one step (each is one np.add into the output)
+MAX_SCATTER = 64
+
+
 class Shifted:
     """A statement that may run as shifted contractions; remembers plans per call signature."""
 
@@ -155,6 +159,9 @@ class Plan:
     im2col: bool          # some operand is copied into a merged (im2col-style) matrix
     write: bool           # each step stores its result (no two steps share an element)
     direct: bool          # ... and the gemm writes it straight into the output
+    scatter: tuple = ()   # indices of the result added into the output value by value
+    scatter_steps: tuple = ()
+    scatter_axes: tuple = ()    # their axes in the result
 
 
 def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
@@ -211,28 +218,35 @@ def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype) -> list:
     for k in range(len(sh.shifts) + 1):
         for shift in combinations(sh.shifts, k):
             for S in ((*b, *shift) for b in blocks):
-                if any(len([n for n in s.names if n not in S]) > 1 for s in eq.lhs.indices):
-                    continue        # the output view would write an element twice
+                # An output dimension of several indices (dx[b,c,i+j]) would be written twice
+                # by one matmul result: all but its longest index stay axes of the result,
+                # added into the output one value at a time (col2im).
+                scat = tuple(n for s in eq.lhs.indices for n in sorted(
+                    (n for n in s.names if n not in S), key=lambda n: -len(rng[n]))[1:])
+                if _prod(len(rng[n]) for n in scat) > MAX_SCATTER:
+                    continue
                 views = [_view(a, x.shape, x.strides, rng, S) for a, x in zip(sh.reads, arrs)]
-                vo = _view(eq.lhs, out_shape, out_strides, rng, S)
+                vo = _view(eq.lhs, out_shape, out_strides, rng, S + scat)
                 if vo is None or None in views:
                     return []       # out of bounds: the loops raise the proper error
                 # each step writes its own output elements: a looped index alone in a
                 # dimension of the output
-                disjoint = all(any(s.names == (n,) for s in eq.lhs.indices) for n in S)
+                disjoint = not scat and all(any(s.names == (n,) for s in eq.lhs.indices)
+                                            for n in S)
                 plans.append(_arrange(S, views, vo, rng, dtype.itemsize,
-                                      disjoint and overwrite))
+                                      disjoint and overwrite, scat))
     return plans
 
 
-def _arrange(S, views, vo, rng, itemsize, write=False) -> Plan:
+def _arrange(S, views, vo, rng, itemsize, write=False, scat=()) -> Plan:
     """The cheapest matmul arrangement for one S: which read is on the left, which of each
     read's free indices merge into the matrix dimension (the rest become broadcast batch
     axes), and the order of the contracted indices.  `write`: each step stores its result
-    (no two steps write the same element of a `:=` or `=` output)."""
+    (no two steps write the same element of a `:=` or `=` output); `scat`: indices of the
+    result added into the output one value at a time."""
     size = {n: len(rng[n]) for n in rng}
     labels = [v.labels[len(v.sub):] for v in views]
-    lo = vo.labels[len(vo.sub):]
+    lo = vo.labels[len(vo.sub):] + scat
     strides = [dict(zip(v.labels, v.strides)) for v in (*views, vo)]
     so = strides[2]
     by_out = sorted(lo, key=lambda n: -abs(so[n]))           # output axes, outer to inner
@@ -248,7 +262,8 @@ def _arrange(S, views, vo, rng, itemsize, write=False) -> Plan:
             for ma in _merges(free[left], size, strides[left]):
                 for nb in _merges(free[right], size, strides[right]):
                     c = model.cost(S, labels, left, list(kk), ma, nb, batch, free, lo, size,
-                                   strides, itemsize, write, spans)
+                                   strides, itemsize, write, spans,
+                                   _prod(size[x] for x in scat))
                     if best is None or c < best[0]:
                         best = (c, left, list(kk), ma, nb)
     cost, left, kk, ma, nb = best
@@ -283,12 +298,14 @@ def _arrange(S, views, vo, rng, itemsize, write=False) -> Plan:
                  for v in views)
     direct = write and _chain(ma, size, so) and _chain(nb, size, so) and \
         _blasable(ma, nb, so, itemsize)
+    kept = [x for x in res if x not in scat]
     return Plan(tuple(S), tuple(size[x] for x in S), (views[0], views[1], vo), tuple(ops),
                 left, tuple(size[x] for x in res),
                 tuple(size[x] for x in batch + ga + gb) + (_prod(size[x] for x in ma),
                                                            _prod(size[x] for x in nb)),
-                tuple(lo.index(x) for x in res), small,
-                cost, im2col, write, direct)
+                tuple(sorted(kept, key=lo.index).index(x) for x in kept), small,
+                cost, im2col, write, direct, tuple(scat),
+                tuple(size[x] for x in scat), tuple(res.index(x) for x in scat))
 
 
 # ----------------------------------------------------------------------------- running
@@ -339,6 +356,16 @@ def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
                 x = x.swapaxes(-1, -2)
             xs.append(x * scale if scale != 1 and i == p.small else x)
         a, b = xs[p.left], xs[1 - p.left]
+        if p.scatter:
+            r = np.matmul(a, b).reshape(p.res_shape)
+            for sv in product(*[range(n) for n in p.scatter_steps]):
+                full = pos + sv
+                t = mo[tuple(full[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
+                at = [slice(None)] * len(p.res_shape)
+                for ax, v in zip(p.scatter_axes, sv):
+                    at[ax] = v
+                np.add(t, r[tuple(at)], out=t, casting="unsafe")
+            continue
         t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
         if write:
             if p.direct:

@@ -72,10 +72,11 @@ def merges(free, size, stride):
 
 
 def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
-         write=False, spans=None) -> float:
+         write=False, spans=None, adds=1) -> float:
     """Seconds the model gives one arrangement; `write`: each step's result may be stored
     into the output (no two steps write the same element) rather than added to it; `spans`:
-    elements of each read one step touches (fewer than its view's when axes overlap)."""
+    elements of each read one step touches (fewer than its view's when axes overlap);
+    `adds`: np.add calls that take one step's result into the output (col2im)."""
     right = 1 - left
     moved = 0.0
     for i, mine, first in ((left, ma, True), (right, nb, False)):
@@ -101,7 +102,7 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
     m, n, k = (prod(size[x] for x in g) for g in (ma, nb, kk))
     calls = prod(size[x] for x in batch + ga + gb)
     gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
-    return prod(size[x] for x in S) * (T_STEP + calls * (T_CALL + gemm) + moved)
+    return prod(size[x] for x in S) * (adds * T_STEP + calls * (T_CALL + gemm) + moved)
 
 
 def copy_time(labels, groups, size, stride, itemsize, span=None) -> float:
