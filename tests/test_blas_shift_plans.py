@@ -1,7 +1,8 @@
 """Every candidate plan of blas_shift.py, not only the one the cost model picks, gives the
 generated loops' result (blas=False) to rounding: each set of looped indices (shift indices
 and a looped batch index), operands copied in either order, results stored step by step
-(`:=`) or added (`+=`), on odd sizes, strides, dilations and non-contiguous inputs."""
+(`:=`), added (`+=`) or added value by value of a shifted output index (col2im), on odd
+sizes, strides, dilations and non-contiguous inputs."""
 import numpy as np
 import pytest
 
@@ -64,6 +65,8 @@ def test_every_candidate_matches_the_loops(case, layout):
         got = out.copy() if start is not None else np.full_like(out, np.nan if p.write else 0)
         blas_shift.run(p, k._shift, arrays, got, False, p.write)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=str(p.loop))
+    if any(len(s.names) > 1 for s in eq.lhs.indices):
+        assert any(p.scatter for p in plans), "no col2im plan"
     if start is None:
         # a `:=` statement's steps that cover their own elements store into the output
         assert any(p.write and p.loop for p in plans)
