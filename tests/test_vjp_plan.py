@@ -203,6 +203,7 @@ def test_column_sums_fuse_with_per_block_partials(fuse, monkeypatch):
         assert "_p3[_c, j_] +=" in text and "_p4[_c, j_] +=" in text, text
     else:
         assert [kd for kd, _ in kinds(plan)] == ["loops"] * 5
+    assert [a.name for a in plan.arrays if a.written] == ["dx"]     # assigned, not zeroed
     s = 1 / np.sqrt(var + 1e-5)
     xh = (x - mu[:, None]) * s[:, None]
     dxh = cot * arrays["g"]
@@ -212,3 +213,32 @@ def test_column_sums_fuse_with_per_block_partials(fuse, monkeypatch):
                                rtol=1e-10)
     np.testing.assert_allclose(grads["g"], (cot * xh).sum(0), rtol=1e-10)
     np.testing.assert_allclose(grads["bb"], cot.sum(0), rtol=1e-10)
+
+
+@pytest.mark.parametrize("expr,arrays,options,written,want", [
+    ("y[i,j] := exp(x[i,j] - m[i])",
+     lambda: dict(x=R.standard_normal((7, 10))[:, ::2], m=R.standard_normal(7)), {}, ["dx"],
+     lambda a, c: {"x": c * np.exp(a["x"] - a["m"][:, None]),
+                   "m": -(c * np.exp(a["x"] - a["m"][:, None])).sum(1)}),
+    ("y[i,j] := x[i,j] * (j <= i)", lambda: dict(x=R.standard_normal((5, 5))), {}, [],
+     lambda a, c: {"x": np.tril(c)}),
+    ("y[i] := x[i+k] * w[k]", lambda: dict(x=R.standard_normal(9), w=R.standard_normal(3)),
+     {}, [], lambda a, c: {"x": np.convolve(c, a["w"]),
+                           "w": np.array([c @ a["x"][k:k + 7] for k in range(3)])}),
+    ("y[i,j] := x[i,j] * w[j]", lambda: dict(x=R.standard_normal((5, 4)), w=R.standard_normal(4)),
+     dict(ranges={"i": range(0, 3)}), [],
+     lambda a, c: {"x": np.vstack([c * a["w"], np.zeros((2, 4))]),
+                   "w": (c * a["x"][:3]).sum(0)}),
+], ids=["exp", "mask", "shift", "ranges"])
+def test_gradient_written_without_zeroing(expr, arrays, options, written, want):
+    """A gradient array whose one statement writes each element once (no reduction, mask,
+    shift or narrower range) is allocated unzeroed and assigned (`=`); the others accumulate
+    into zeros.  Gradients against numpy."""
+    a = arrays()
+    k, plan, cot, grads = plan_of(expr, options, a)
+    assert [x.name for x in plan.arrays if x.written] == written
+    for s in plan.statements:
+        assert (s.equation.assign == "=") == (s.output in written)
+        assert " += " in s.text                      # printed and recorded as derived
+    for n, g in want(a, cot).items():
+        np.testing.assert_allclose(grads[n], g, rtol=1e-12, atol=1e-12)

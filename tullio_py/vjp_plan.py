@@ -20,13 +20,13 @@ is a "loops" step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import bind as binding, grad as grad_mod, schedule
 from .codegen import Source, fused, range_argument
-from .ir import Affine, Equation
+from .ir import Affine, Compare, Equation, Gather, Wrapped
 
 Pairs = tuple       # ((name, value), ...): a dict as frozen, ordered data
 Ranges = tuple      # ((index, start, stop, step), ...): ranges as data (range objects compare
@@ -49,6 +49,8 @@ class Array:
     shape: tuple[int, ...]
     dtype: np.dtype
     input: str | None = None        # the input whose gradient it holds
+    written: bool = False           # its one statement writes every element (`=`): the run
+                                    # may allocate it without zeroing (`overwrites`)
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,10 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
         statements.append(Statement(h, str(h), h.output, whole))
     for name, gname, shape, dtype, eqs in gradient_arrays(d, rng, inputs, cot_dtype, complex_mode):
         values[gname] = standin(shape, dtype)
-        arrays.append(Array(gname, shape, dtype, name))
-        statements += [Statement(g, str(g), gname, frozen_ranges(grng)) for g, grng in eqs]
+        written = kernel_for is not None and len(eqs) == 1 and overwrites(*eqs[0], shape)
+        arrays.append(Array(gname, shape, dtype, name, written))
+        statements += [Statement(replace(g, assign="=") if written else g, str(g), gname,
+                                 frozen_ranges(grng)) for g, grng in eqs]
     statements = tuple(statements)
     if kernel_for is None:
         steps = tuple(Step("loops", (k,)) for k in range(len(statements)))
@@ -162,6 +166,25 @@ def gradient_arrays(d, rng: dict, inputs: dict, cot_dtype, complex_mode: bool) -
         out.append((name, names[name], shape, gradient_dtype(xdt, cot_dtype, complex_mode),
                     [(g, clip_bare(g, rng, shape)) for g in eqs]))
     return out
+
+
+def overwrites(g: Equation, rng: dict, shape) -> bool:
+    """Whether gradient statement `g`, alone on its array, writes each element exactly once
+    (`dx[i,j] += dy[i,j] * g[j] / s[i]`: every index bare on the left, no reduction, no mask,
+    pad, clamp, mod or gather, the ranges the whole array): then `dx[i,j] = ...` into an
+    unzeroed array gives the same values without zeroing dx and reading it back (the layer
+    norm's and softmax's dx at 4096x512 float32: 8 MB less written and read each)."""
+    lhs = g.lhs.indices
+    if (g.assign != "+=" or g.reducer != "+" or g.finaliser or len(lhs) != len(shape)
+            or not all(isinstance(x, Affine) and x.is_bare for x in lhs)):
+        return False
+    names = [x.names[0] for x in lhs]
+    if len(set(names)) != len(names) or set(names) != set(g.indices):
+        return False
+    if any(isinstance(x, (Wrapped, Gather)) for a in g.accesses() for x in a.indices) \
+            or any(isinstance(f, Compare) for f in schedule.top_factors(g.rhs)):
+        return False
+    return all(rng[n] == range(0, m) for n, m in zip(names, shape))
 
 
 def standin(shape, dtype) -> np.ndarray:

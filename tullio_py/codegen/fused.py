@@ -8,7 +8,9 @@ through memory; in one loop nest the shared reads are loaded once and both sums 
 
 Rules (checked by `fusable`):
 - every statement accumulates (`+=` / `-=`) a sum, without a finaliser, into its own array at
-  bare left-hand indices (no scatter), and no statement reads another's output;
+  bare left-hand indices (no scatter), or assigns (`=`) one element per tuple (every index on
+  its left: a gradient array its statement overwrites, vjp_plan.overwrites), and no
+  statement reads another's output;
 - all have the same indices, ranges, guards, result dtype and pad value;
 - the loop split across threads is bare on every left-hand side (each thread writes its own
   elements of every output), so the fused kernel is as race-free as each statement alone; or,
@@ -54,7 +56,8 @@ def fusable(plans: list[Plan], ranges: list[dict]) -> bool:
         tuples *= len(r)
     for p, r in zip(plans, ranges):
         eq = p.equation
-        if (p.scatter or eq.reducer != "+" or eq.finaliser or eq.assign not in ("+=", "-=")
+        if (p.scatter or eq.reducer != "+" or eq.finaliser or eq.assign not in ("+=", "-=", "=")
+                or (eq.assign == "=" and set(eq.lhs_indices) != set(eq.indices))
                 or set(eq.indices) != set(base.equation.indices) or r != ranges[0]
                 or set(p.guards) != set(base.guards) or p.out_dtype != base.out_dtype
                 or p.pad_value != base.pad_value or p.fastmath != base.fastmath
