@@ -190,3 +190,76 @@ def test_padded_gathered_and_index_values(expr, jam):
     got = np.asarray(k(**arrays))
     assert k.plan_for(arrays, k.ranges(**arrays), got.dtype, got.shape)[0].jam == jam
     np.testing.assert_allclose(got, _reference(expr, arrays), rtol=1e-12, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- gradients
+# A gradient statement whose output's contiguous index is not contiguous in a read runs on a
+# copy of that read with the index's axis last (vjp_plan.relaid), register-blocked like any
+# row form.  Checked against numpy and against the plain plan (relaid switched off: the fused
+# nest of plain loops), on sizes that leave remainders of the jam factor and of the lane
+# tile (the overlapping last tile), with strided and Fortran-ordered inputs.
+LOCAL = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]"
+LAYER = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[c1,i,j,c2,s,t]"       # tullio_py.nn's layout
+GRAD_KERNELS = {e: kernel(e) for e in (LOCAL, LAYER)}
+
+
+def _local_arrays(expr, strided):
+    S, T, C1, B, C2, K = (7, 6, 5, 19, 17, 3) if expr == LOCAL else (18, 20, 3, 4, 5, 3)
+    x = rnd(S, T, C1, B, dtype=np.float32)
+    W = (rnd(S, T, K, K, C1, C2, seed=1, dtype=np.float32) if expr == LOCAL else
+         rnd(C1, K, K, C2, S - K + 1, T - K + 1, seed=1, dtype=np.float32))
+    cot = rnd(S - K + 1, T - K + 1, C2, B, seed=2, dtype=np.float32)
+    if strided:
+        x, cot = _strided(x), np.asfortranarray(cot)
+    return x, W, cot
+
+
+def _local_numpy(expr, x, W, cot):
+    """dx, dW in float64 numpy: out[s,t,c2,b] = sum of x[s+i,t+j,c1,b] * w(s,t,i,j,c1,c2)."""
+    x, W, cot = (np.asarray(a, np.float64) for a in (x, W, cot))
+    S, T, K = cot.shape[0], cot.shape[1], 3
+    dx, dW = np.zeros_like(x), np.zeros_like(W)
+    for i in range(K):
+        for j in range(K):
+            w = W[i:i + S, j:j + T, i, j] if expr == LOCAL else W[:, i, j].transpose(2, 3, 0, 1)
+            dx[i:i + S, j:j + T] += np.einsum("stdb,stcd->stcb", cot, w)
+            dw = np.einsum("stdb,stcb->stcd", cot, x[i:i + S, j:j + T])
+            if expr == LOCAL:
+                dW[i:i + S, j:j + T, i, j] += dw
+            else:
+                dW[:, i, j] += dw.transpose(2, 3, 0, 1)
+    return dx, dW
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+@pytest.mark.parametrize("expr", [LOCAL, LAYER], ids=["local", "layer"])
+def test_gradient_relaid_blocked_equals_numpy_and_plain(expr, strided, monkeypatch):
+    from tullio_py import vjp_plan
+    from tullio_py.gradient_kernel import Gradient
+    k = GRAD_KERNELS[expr]
+    x, W, cot = _local_arrays(expr, strided)
+    g = Gradient(k)
+    got = g.vjp(cot, x=x, W=W)
+    plan = g.last_plan
+    relaid = {s.output: s.relayout for s in plan.statements}
+    # dW's statement reads the cotangent (and, for the layer, x) with c2 (t) last; the
+    # local convolution's Fortran-ordered cotangent is copied C-ordered for dx too, which its
+    # row of 19 then blocks (the layer's row of 4 is too short)
+    want = {"dx": (), "dW": (("dout", (0, 1, 3, 2)),)} if expr == LOCAL else {
+        "dx": (), "dW": (("dout", (0, 2, 3, 1)), ("x", (0, 2, 3, 1)))}
+    if strided and expr == LOCAL:
+        want["dx"] = (("dout", (0, 1, 2, 3)),)
+    assert relaid == want, relaid
+    assert [s.kind for s in plan.steps] == ["loops", "loops"]
+    again = Gradient(k)
+    again.vjp(cot, x=x, W=W)
+    assert again.last_plan == plan                  # the choice is a function of the call
+    dx, dW = _local_numpy(expr, x, W, cot)
+    np.testing.assert_allclose(got["x"], dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["W"], dW, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(vjp_plan, "relaid", lambda s, *a: s)      # the plain plan
+    plain = Gradient(k)
+    want = plain.vjp(cot, x=x, W=W)
+    assert all(not s.relayout for s in plain.last_plan.statements)
+    np.testing.assert_allclose(got["x"], want["x"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["W"], want["W"], rtol=1e-5, atol=1e-5)

@@ -279,6 +279,8 @@ class Gradient:
         """Generated source of every gradient kernel (of the last vjp call, when there was one)."""
         d = self._last[0] if self._last else self.derivation(False)
         record = self._last[4] if self._last else {}
+        relaid = {s.text: s.relayout for s in (self._last_plan.statements
+                                                if self._last_plan else ())}
         parts, shown = [], None
         for title, eqs in [("helper", d.helpers)] + [(f"gradient of {n}", e) for n, e in d.grads]:
             for g in eqs:
@@ -291,6 +293,10 @@ class Gradient:
                     continue
                 if rec is not None and target == "cpu":
                     text = jit.module_text(rec[0].source, "cpu")
+                    moved = relaid.get(str(g), ())
+                    if moved:
+                        text = "".join(f"# reads a C-ordered copy of {n} with axes {tuple(a)} "
+                                       "(vjp_plan.relaid)\n" for n, a in moved) + text
                 else:
                     text = self.kernel_for(g).source(target=target)
                     if str(g) in record and target == "cpu":    # ran through BLAS (rec None)

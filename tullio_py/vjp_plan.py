@@ -8,7 +8,9 @@ functions):
 
 - `Array`: a zero-filled array the run allocates (a helper's result or a gradient), its shape
   and dtype;
-- `Statement`: a helper or gradient statement, the array it writes and the ranges it iterates;
+- `Statement`: a helper or gradient statement, the array it writes and the ranges it iterates,
+  and the reads it takes as copies in another axis order (`relaid`: so that it runs
+  register-blocked);
 - `Step`: how statements run: "loops" (its own kernel), "blas" (its own kernel hands the call
   to BLAS: blas.py / blas_shift.py), or "fused" (several statements sharing one loop nest,
   codegen/fused.py, with the rendered source in `Nest`);
@@ -26,7 +28,7 @@ import numpy as np
 
 from . import bind as binding, grad as grad_mod, schedule
 from .codegen import Source, fused, range_argument
-from .ir import Affine, Compare, Equation, Gather, Wrapped
+from .ir import Access, Affine, Compare, Equation, Gather, Wrapped, map_expr
 
 Pairs = tuple       # ((name, value), ...): a dict as frozen, ordered data
 Ranges = tuple      # ((index, start, stop, step), ...): ranges as data (range objects compare
@@ -59,6 +61,8 @@ class Statement:
     text: str                       # str(equation): the key of the run's record
     output: str                     # the Array it accumulates into
     ranges: Ranges                  # the forward's index ranges (a bare left index clipped)
+    relayout: Pairs = ()            # ((array, axes), ...): `equation` reads a copy of each
+                                    # array with its axes in that order (`relaid`)
 
 
 @dataclass(frozen=True)
@@ -116,25 +120,28 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
         arrays.append(Array(gname, shape, dtype, name, written))
         statements += [Statement(replace(g, assign="=") if written else g, str(g), gname,
                                  frozen_ranges(grng)) for g, grng in eqs]
-    statements = tuple(statements)
     if kernel_for is None:
         steps = tuple(Step("loops", (k,)) for k in range(len(statements)))
     else:
+        statements = statements[:len(d.helpers)] + [
+            relaid(s, kernel_for, values, params) for s in statements[len(d.helpers):]]
         steps = choose(statements, len(d.helpers), [kernel_for(s.equation) for s in statements],
                        values, params, fuse)
+    statements = tuple(statements)
     return VjpPlan(d.cotangent, whole, tuple(params.items()), tuple(arrays), statements, steps)
 
 
 def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
            fuse: bool) -> tuple[Step, ...]:
     """The CPU's steps: helpers one by one; then the gradient statements their kernels hand to
-    BLAS, or that cannot share a loop nest, one by one; then the others as one fused nest
+    BLAS, that read relaid copies (`relaid`: register-blocked on their own), or that cannot
+    share a loop nest, one by one; then the others as one fused nest
     when codegen/fused.py can render them together (else one by one)."""
     steps, loops = [], []
     for k, (s, gk) in enumerate(zip(statements, kernels)):
-        arrays, rng, out = pick(s.equation, values, params), as_ranges(s.ranges), values[s.output]
+        arrays, rng, out = arrays_of(s, values, params), as_ranges(s.ranges), values[s.output]
         blas = gk.uses_blas(arrays, rng, out)
-        if k >= helpers and fuse and gk.target in ("auto", "cpu") and not blas:
+        if k >= helpers and fuse and gk.target in ("auto", "cpu") and not blas and not s.relayout:
             loops.append((k, *gk.plan_for(arrays, rng, out.dtype, out.shape)))
         else:
             steps.append(Step("blas" if blas else "loops", (k,)))
@@ -150,6 +157,72 @@ def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
                 tuple((a, range_argument(a, rng)) for a in source.args
                       if a.startswith(("_start_", "_stop_"))))
     return tuple(steps + [Step("fused", tuple(j[0] for j in loops), nest)])
+
+
+def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
+    """`s` reading copies of some arrays with other axis orders, when that turns its loops
+    (typically a sum over a reduction index innermost: one short sum per output element,
+    whose lanes the compiler adds across at its end) into a register-blocked row form
+    (schedule.jam_choice) along the output's contiguous index `r`: every array read with `r`
+    (step 1) in an axis other than its last gets that axis moved last, in a C-contiguous
+    copy (so is an array read along `r` in its last axis that is not C-contiguous).  The local
+    convolution's dW[p,q,i,j,c1,c2] += dout[p-i,q-j,c2,b] * x[p,q,c1,b] (b innermost, 16
+    long) reads dout[p-i,q-j,b,c2] instead, and c2 runs in the vector lanes for 4 values of
+    c1 at once.  Only when the copies are small next to the work (an eighth of the
+    iterations), so the copies cost little; the sums run in another order (rounding)."""
+    eq = s.equation
+    last = eq.lhs.indices[-1] if eq.lhs.indices else None
+    if eq.gathers() or not (isinstance(last, Affine) and last.is_bare):
+        return s
+    r = last.names[0]
+    rng, out = as_ranges(s.ranges), values[s.output]
+    gk = kernel_for(eq)
+    arrays = arrays_of(s, values, params)
+    if gk.uses_blas(arrays, rng, out):
+        return s
+    if gk.plan_for(arrays, rng, out.dtype, out.shape)[0].scatter:
+        return s
+    axes: dict = {}
+    for a in eq.accesses():
+        v = values.get(a.array)
+        if a.array == eq.output or not isinstance(v, np.ndarray) or v.ndim < 2:
+            continue
+        dims = [d for d, x in enumerate(a.indices) if r in x.names]
+        if not dims:
+            continue
+        if len(dims) != 1 or not (isinstance(a.indices[dims[0]], Affine)
+                                  and abs(a.indices[dims[0]].coef(r)) == 1):
+            return s
+        order = tuple(d for d in range(v.ndim) if d != dims[0]) + tuple(dims)
+        if axes.setdefault(a.array, order) != order:
+            return s
+    axes = {n: o for n, o in axes.items()
+            if o != tuple(range(len(o))) or not values[n].flags.c_contiguous}
+    work = 1
+    for x in rng.values():
+        work *= len(x)
+    if not axes or 8 * sum(values[n].size for n in axes) > work:
+        return s
+    moved = replace(s, equation=replace(eq, rhs=map_expr(eq.rhs, lambda n: Access(
+        n.array, tuple(n.indices[d] for d in axes[n.array]), n.span)
+        if isinstance(n, Access) and n.array in axes else n)), relayout=tuple(axes.items()))
+    gm = kernel_for(moved.equation)
+    arrays = arrays_of(moved, values, params)
+    if gm.uses_blas(arrays, rng, out) or not gm.plan_for(arrays, rng, out.dtype, out.shape)[0].jam:
+        return s
+    return moved
+
+
+def arrays_of(s: Statement, ns: dict, params: dict, run: bool = False) -> dict:
+    """The arrays and scalars statement `s` reads (`pick`), each array it reads relaid
+    (Statement.relayout) as a C-contiguous copy with its axes in that order (`run`: a real
+    copy; else a stand-in, for planning)."""
+    out = pick(s.equation, ns, params)
+    for n, axes in s.relayout:
+        v = out[n]
+        out[n] = (np.ascontiguousarray(np.transpose(v, axes)) if run
+                  else standin(tuple(v.shape[d] for d in axes), v.dtype))
+    return out
 
 
 def gradient_arrays(d, rng: dict, inputs: dict, cot_dtype, complex_mode: bool) -> list:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit, schedule
-from .vjp_plan import VjpPlan, pick
+from .vjp_plan import VjpPlan, arrays_of
 
 
 def run(plan: VjpPlan, frontend, ns: dict) -> dict:
@@ -47,7 +47,7 @@ class Host:
         if step.fused is None:
             k = step.members[0]
             s = plan.statements[k]
-            self.record[s.text] = run_on(self.kernels[k], pick(s.equation, ns, params),
+            self.record[s.text] = run_on(self.kernels[k], arrays_of(s, ns, params, run=True),
                                          self.ranges[k], ns[s.output], params)
             return
         f = step.fused
@@ -55,7 +55,7 @@ class Host:
         named.update(f.bounds)
         for k, name in zip(step.members, f.outputs):
             s = plan.statements[k]
-            named.update(pick(s.equation, ns, params))
+            named.update(arrays_of(s, ns, params, run=True))
             out = ns[s.output]
             named[name] = out.reshape(1) if out.ndim == 0 else out    # (a view)
         args = [params[a] if a in params else named[a] for a in f.source.args]
