@@ -41,9 +41,11 @@ def _noncontiguous(a):
     return view
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_candidate_matches_the_loops(case, layout):
+def test_every_candidate_matches_the_loops(case, layout, threads):
+    """... and on 3 threads, the steps of the first looped index shared between them."""
     expr, shapes, out_shape = CASES[case]
     k, loops = KERNELS[case]
     arrays = {n: R.standard_normal(s) for n, s in shapes.items()}
@@ -63,7 +65,7 @@ def test_every_candidate_matches_the_loops(case, layout):
     for p in plans:
         # a `:=` output: NaN where each element must be stored, zeros where added to
         got = out.copy() if start is not None else np.full_like(out, np.nan if p.write else 0)
-        blas_shift.run(p, k._shift, arrays, got, False, p.write)
+        blas_shift.run(p, k._shift, arrays, got, False, p.write, threads)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=str(p.loop))
     if any(len(s.names) > 1 for s in eq.lhs.indices):
         assert any(p.scatter for p in plans), "no col2im plan"
@@ -96,3 +98,23 @@ def test_conv1d_forward_loops_over_the_batch():
     np.testing.assert_allclose(got, KERNELS["conv1d"][1](x=x, w=w), rtol=1e-10, atol=1e-10)
     p = [p for p in k._shift.plans.values() if p is not None][-1]
     assert p.loop == ("b",) and p.write and p.direct and p.im2col
+
+
+def test_threaded_forward_and_gradients():
+    """A kernel on 2 threads: its conv1d forward and both gradients share the batch loop
+    between threads (into its own elements; dW's into zeroed copies, summed), results equal
+    to the loops'."""
+    expr = CASES["conv1d"][0]
+    k, loops = Kernel(expr, threads=2), KERNELS["conv1d"][1]
+    x, w = R.standard_normal((16, 32, 132)), R.standard_normal((32, 32, 5))
+    y = k(x=x, w=w)
+    np.testing.assert_allclose(y, loops(x=x, w=w), rtol=1e-10, atol=1e-10)
+    dy = R.standard_normal(y.shape)
+    got, want = k.vjp(dy, x=x, w=w), loops.vjp(dy, x=x, w=w)
+    for n in ("x", "w"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-10, atol=1e-10)
+    plans = [p for kk in [k, *k._gradient()._kernels.values()] if kk._shift
+             for p in kk._shift.plans.values() if p is not None]
+    assert len(plans) == 3
+    if blas_shift.blas_threads.available():
+        assert {p.split for p in plans} >= {1, 2}, [(p.loop, p.split) for p in plans]

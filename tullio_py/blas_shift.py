@@ -12,12 +12,16 @@ is then a view with two axes of the same stride, and merging (c, j) into matmul'
 once (im2col) before one large gemm.
 
 Which S, and for each operand whether its free indices that do not merge into one matrix
-dimension become batch axes or are merged by a copy, is decided by a cost model (blas_shift_cost.py,
-constants measured by benchmarks/blas_shift_costs.py) from the call's shapes, strides and
-ranges, once per call signature: the same signature always runs the same plan.  Ranges need
-not cover the arrays (views are cut to them), so gradient statements run with the forward's
-ranges (`dx[b,c,i+j] += dy[b,o,i] * w[o,c,j]`) go the same way.  blas.py keeps the pure
-contractions over whole arrays; `blas=False` keeps the generated loops for both.
+dimension become batch axes or are merged by a copy, is decided by a cost model
+(blas_shift_cost.py, constants measured by benchmarks/blas_shift_costs.py) from the call's
+shapes, strides and ranges, once per call signature: the same signature always runs the same
+plan.  S may also hold one non-shift index of the larger read (a convolution's batch index):
+each step's im2col copy then stays in the cache, and on several threads the steps are shared
+by Python threads calling single-threaded gemms (blas_threads.py).  An output dimension of
+several indices (`dx[b,c,i+j] += ...`) keeps all but one of them as axes of the matmul result,
+added into the output value by value (col2im).  Ranges need not cover the arrays (views are
+cut to them), so gradient statements run with the forward's ranges go the same way.  blas.py
+keeps the pure contractions over whole arrays; `blas=False` keeps the generated loops for both.
 
 Not dispatched: anything but two float/complex reads times scalars (functions, masks, pads,
 gathers), other reductions, finalisers, `*=`, an output read on the right or sharing memory
@@ -25,15 +29,17 @@ with an input, accesses outside the arrays (the loops report those), small work.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations, product
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import blas_shift_cost as model
+from . import blas_threads
 from .blas import MIN_WORK, factors
-from .blas_shift_cost import blasable as _blasable, chain as _chain, merges as _merges, prod as _prod
+from .blas_shift_cost import blasable as _blasable, chain as _chain, merges as _merges
+from .blas_shift_cost import prod as _prod
 from .ir import Access, Affine, Const, Equation, Param
 from .memo import Memo
 from .signature import CallSignature
@@ -97,7 +103,7 @@ class Shifted:
         elif any(np.may_share_memory(out, arrays[a.array]) for a in self.reads):
             return None
         zero = not write and ((fresh and pad != 0) or (overwrite and not fresh))
-        run(p, self, arrays, out, zero, write)
+        run(p, self, arrays, out, zero, write, loop_threads)
         return out
 
 
@@ -162,6 +168,9 @@ class Plan:
     scatter: tuple = ()   # indices of the result added into the output value by value
     scatter_steps: tuple = ()
     scatter_axes: tuple = ()    # their axes in the result
+    split: int = 0        # the first looped index's steps may run on several threads, each
+                          # into its own output elements (1) or into its own zeroed copy of a
+                          # small output, summed after (2)
 
 
 def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
@@ -188,7 +197,9 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     convolution's loops 2.0x on 2 threads), which the comparison must count, or a statement
     whose loops scale well is sent to many small gemms that do not."""
     plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype)
-    best = min(plans, key=lambda p: p.cost, default=None)
+    threaded = loop_threads > 1 and blas_threads.available()
+    best = min(plans, key=lambda p: p.cost / (min(loop_threads, p.steps[0])
+                                              if threaded and p.split else 1), default=None)
     work = _prod(len(rng[n]) for n in sh.eq.indices)
     if best is None or model.MARGIN * best.cost > 2.0 * work / (model.LOOP_RATE *
                                                                  max(1, loop_threads)):
@@ -233,9 +244,22 @@ def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype) -> list:
                 # dimension of the output
                 disjoint = not scat and all(any(s.names == (n,) for s in eq.lhs.indices)
                                             for n in S)
-                plans.append(_arrange(S, views, vo, rng, dtype.itemsize,
-                                      disjoint and overwrite, scat))
+                p = _arrange(S, views, vo, rng, dtype.itemsize, disjoint and overwrite, scat)
+                plans.append(replace(p, split=_split(eq, S, out_shape, out_strides, dtype)))
     return plans
+
+
+def _split(eq: Equation, S, out_shape, out_strides, dtype) -> int:
+    """Plan.split: how steps of the first looped index may share the work between threads."""
+    if not S:
+        return 0
+    if any(s.names == (S[0],) for s in eq.lhs.indices):
+        return 1
+    small = _prod(out_shape) * dtype.itemsize <= model.CACHE
+    contiguous = tuple(out_strides) in (_c_strides(out_shape, dtype.itemsize),
+                                        _c_strides(out_shape[::-1], dtype.itemsize)[::-1])
+    named = any(S[0] in s.names for s in eq.lhs.indices)
+    return 2 if small and contiguous and not named else 0
 
 
 def _arrange(S, views, vo, rng, itemsize, write=False, scat=()) -> Plan:
@@ -315,14 +339,14 @@ def _master(arr: np.ndarray, v: _View, writeable: bool) -> np.ndarray:
 
 
 def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
-        write: bool = False):
+        write: bool = False, threads: int = 1):
     """Accumulate the statement into `out` (cleared first where written, for `=` and a
     `:=` output filled with a pad value), or with `write` (steps that share no element)
-    store it there."""
+    store it there.  With `threads` > 1 the steps of the first looped index are shared by
+    that many threads where the plan allows (blas_threads.py)."""
     eq = sh.eq
     a0, a1 = (arrays[a.array] for a in sh.reads)
-    m0 = _master(a0, p.views[0], False)
-    m1 = _master(a1, p.views[1], False)
+    masters = (_master(a0, p.views[0], False), _master(a1, p.views[1], False))
     mo = _master(out, p.views[2], True)
     if zero_first:
         mo[...] = 0
@@ -331,10 +355,29 @@ def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
         scale = scale * (arrays[s] if isinstance(s, str) else s)
     if eq.assign == "-=":
         scale = -scale
+    n = min(threads, p.steps[0]) if p.split and p.loop else 1
+    if n < 2 or not blas_threads.available():
+        _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write)
+        return out
+    cut = [p.steps[0] * k // n for k in range(n + 1)]
+    parts = [out] + ([np.zeros_like(out) for _ in range(n - 1)] if p.split == 2 else [])
+    if any(x.strides != out.strides for x in parts):
+        _steps(p, masters, mo, 0, p.steps[0], scale, write)
+        return out
+    targets = [mo] + [_master(x, p.views[2], True) for x in parts[1:]]
+    blas_threads.run([lambda k=k: _steps(p, masters, targets[k] if p.split == 2 else mo,
+                                         cut[k], cut[k + 1], scale, write) for k in range(n)])
+    for x in parts[1:]:
+        np.add(out, x, out=out)
+    return out
+
+
+def _steps(p: Plan, masters, mo, lo: int, hi: int, scale, write: bool):
+    """The steps whose first looped index is in [lo, hi) (all steps when nothing is looped)."""
     subs = [v.sub for v in p.views]
-    masters = (m0, m1)
     bufs = [None, None]     # an operand's merged (im2col) copy, reused by every step
-    for pos in product(*[range(n) for n in p.steps]):
+    ranges = [range(lo, hi)] + [range(n) for n in p.steps[1:]] if p.loop else []
+    for pos in product(*ranges):
         xs = []
         for i in (0, 1):
             summed, perm, shape, contig, flip = p.ops[i]
@@ -377,4 +420,3 @@ def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
             np.copyto(t, np.matmul(a, b).reshape(p.res_shape), casting="unsafe")
             continue
         np.add(t, np.matmul(a, b).reshape(p.res_shape), out=t, casting="unsafe")
-    return out

@@ -36,7 +36,7 @@ def call(kernel, arrays: dict):
                         None if eq.assign == ":=" else arrays[eq.output])
     if shifted is not None:
         done = shifted.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
-                            b.dtype, kernel.pad, kernel.loop_threads())
+                            b.dtype, kernel.pad, shift_threads(kernel))
         if done is not None:
             return done
     if eq.assign == ":=":
@@ -85,7 +85,8 @@ def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: di
         blas.run(kernel.blas_plan, kernel.equation, {**arrays, **params}, out.dtype, out)
         return None
     if kernel.shift_plan is not None and kernel.shift_plan.call(
-            {**arrays, **params}, rng, out, out.dtype, kernel.pad, kernel.loop_threads()) is not None:
+            {**arrays, **params}, rng, out, out.dtype, kernel.pad,
+            shift_threads(kernel)) is not None:
         return None
     prepared, call_ranges, extra = kernel.prepare(arrays, rng, out.dtype, out.shape)
     launch(kernel, prepared, arguments(prepared, {**arrays, **params}, out, call_ranges, extra))
@@ -98,13 +99,21 @@ def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
         return True
     return (kernel.shift_plan is not None and out.flags.writeable
             and kernel.shift_plan.plan(arrays, rng, out.shape, out.strides, out.dtype,
-                                       kernel.loop_threads()) is not None)
+                                       shift_threads(kernel)) is not None)
 
 
 def whole_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
     """A pure contraction whose ranges cover every array, worth running through BLAS."""
     return (kernel.blas_plan is not None and covers_arrays(kernel.equation, rng, arrays, out)
             and blas.worth(kernel.blas_plan, rng, arrays))
+
+
+def shift_threads(kernel) -> int:
+    """Threads blas_shift.py may use: the loops' count, at most the caller's thread budget
+    (jit.thread_budget: torch's intra-op thread count under the torch frontend)."""
+    n = kernel.loop_threads()
+    budget = getattr(jit._budget, "n", None)
+    return min(n, budget) if budget else n
 
 
 def covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bool:
