@@ -263,7 +263,7 @@ _lock = None                # "workqueue": held while a parallel kernel runs
 _serial_only = False        # a forked child of a GNU OpenMP process
 _set = None                 # numba.set_num_threads, once the layer is chosen
 _max = 0                    # numba's thread count, once the layer is chosen
-_budget = threading.local()
+budgets = threading.local()   # .n: thread_budget of this Python thread
 
 
 def _numba():
@@ -381,11 +381,11 @@ class thread_budget:
         self.n = n
 
     def __enter__(self):
-        self.old = getattr(_budget, "n", None)
-        _budget.n = self.n
+        self.old = getattr(budgets, "n", None)
+        budgets.n = self.n
 
     def __exit__(self, *exc):
-        _budget.n = self.old
+        budgets.n = self.old
 
 
 def call(fn, args, parallel: bool, n: int | None):
@@ -397,7 +397,7 @@ def call(fn, args, parallel: bool, n: int | None):
     if _serial_only:
         _serial(fn)(*args)
         return
-    budget = getattr(_budget, "n", None)
+    budget = getattr(budgets, "n", None)
     if budget is not None:
         n = min(n or budget, budget)
     lock = _lock

@@ -112,7 +112,7 @@ def shift_threads(kernel) -> int:
     """Threads blas_shift.py may use: the loops' count, at most the caller's thread budget
     (jit.thread_budget: torch's intra-op thread count under the torch frontend)."""
     n = kernel.loop_threads()
-    budget = getattr(jit._budget, "n", None)
+    budget = getattr(jit.budgets, "n", None)
     return min(n, budget) if budget else n
 
 
