@@ -11,8 +11,12 @@ cache directory.  Run:  python benchmarks/bench_latency.py [--repeat 3] [--json 
 - hand numba:   the same loops written by hand with numba.njit(parallel=True) and prange,
                 first call in a fresh process (numba import + compile), and with cache=True in
                 a file, warm (the floor a numba user gets from numba's own cache).
-- overhead:     microseconds per call on 4x4 float64 matmul: kernel call, tullio(), the bare
-                numba function, np.einsum and torch.einsum on the same arrays.
+- warm small:   the first call of a 4x4 float32 matmul in a new process with the cache filled,
+                split into `import tullio_py`, `import numba` (measured alone) and the rest,
+                and which heavy modules (scipy.linalg, sympy, torch) that first call imported.
+- overhead:     microseconds per call on 4x4 float64 and float32 matmuls: kernel call, tullio(),
+                the bare numba function, np.einsum and torch.einsum on the same arrays, and the
+                ratios of the kernel call and tullio() to numpy's A @ B.
 """
 from __future__ import annotations
 
@@ -81,13 +85,16 @@ OVERHEAD = """
 import json, time, timeit
 import numpy as np
 from tullio_py import kernel, tullio
-A = np.random.default_rng(0).random((4, 4)); B = np.random.default_rng(1).random((4, 4))
+A = np.random.default_rng(0).random((4, 4)).astype(DTYPE)
+B = np.random.default_rng(1).random((4, 4)).astype(DTYPE)
 k = kernel("C[i,k] := A[i,j] * B[j,k]")
 assert np.allclose(k(A=A, B=B), A @ B)
+assert np.allclose(tullio("C[i,k] := A[i,j] * B[j,k]", A=A, B=B), A @ B)
 fn, args = k._last.fn, None
-out = np.empty((4, 4))
-def best(stmt, n=20000):
-    return min(timeit.repeat(stmt, number=n, repeat=7, globals=globals())) / n * 1e6
+out = np.empty((4, 4), DTYPE)
+def best(stmt, n=2000):
+    # many short repeats: the best one is the least disturbed by other processes
+    return min(timeit.repeat(stmt, number=n, repeat=150, globals=globals())) / n * 1e6
 res = {
     "kernel call": best("k(A=A, B=B)"),
     "tullio()": best("tullio('C[i,k] := A[i,j] * B[j,k]', A=A, B=B)"),
@@ -95,6 +102,8 @@ res = {
     "np.einsum": best("np.einsum('ij,jk->ik', A, B)"),
     "A @ B": best("A @ B"),
 }
+res["kernel call / A @ B"] = res["kernel call"] / res["A @ B"]
+res["tullio() / A @ B"] = res["tullio()"] / res["A @ B"]
 try:
     import torch
     tA, tB = torch.from_numpy(A), torch.from_numpy(B)
@@ -102,6 +111,21 @@ try:
 except ImportError:
     pass
 print(json.dumps(res))
+"""
+
+SMALL_FIRST = """
+import time
+t0 = time.perf_counter()
+import tullio_py
+t1 = time.perf_counter()
+import json, sys
+import numpy as np
+A = np.ones((4, 4), np.float32)
+k = tullio_py.kernel("C[i,k] := A[i,j] * B[j,k]")
+assert np.allclose(k(A=A, B=A), A @ A)
+t2 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "first call": t2 - t1, "disk_hits": tullio_py.jit.stats.disk_hits,
+                  "imported": [m for m in ("scipy.linalg", "sympy", "torch") if m in sys.modules]}))
 """
 
 IMPORT = "import time; t = time.perf_counter(); import tullio_py; print(time.perf_counter() - t)"
@@ -131,12 +155,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--quick", action="store_true",
+                    help="one cold/warm conv pair, no hand-written numba kernels")
     a = ap.parse_args()
     med = statistics.median
     r: dict = {}
     r["import tullio_py [s]"] = med(run(IMPORT, "") for _ in range(max(5, a.repeat)))
     cold, warm, cold_vjp, warm_vjp, stats = [], [], [], [], {}
-    for _ in range(a.repeat):
+    for _ in range(1 if a.quick else a.repeat):
         with tempfile.TemporaryDirectory() as d:
             first = run(TULLIO_FIRST, d)
             second = run(TULLIO_FIRST, d)
@@ -151,19 +177,32 @@ def main():
     r["cold first call, conv vjp [s]"] = med(cold_vjp) if cold_vjp else "pending (no Kernel.vjp)"
     r["warm first call, conv vjp [s]"] = med(warm_vjp) if warm_vjp else "pending (no Kernel.vjp)"
     hand_cold, hand_warm = [], []
-    for _ in range(a.repeat):
+    for _ in range(0 if a.quick else a.repeat):
         with tempfile.TemporaryDirectory() as d:
             hand_cold.append(hand_numba(False, d))
         with tempfile.TemporaryDirectory() as d:
             hand_numba(True, d)
             hand_warm.append(hand_numba(True, d))
-    r["hand numba, cold first call [s]"] = med(hand_cold)
-    r["hand numba cache=True, warm first call [s]"] = med(hand_warm)
-    floor = run("import time; t = time.perf_counter(); import numba; "
-                "print(time.perf_counter() - t)", "")
-    r["import numba alone [s]"] = floor
+    if hand_cold:
+        r["hand numba, cold first call [s]"] = med(hand_cold)
+        r["hand numba cache=True, warm first call [s]"] = med(hand_warm)
+    r["import numba alone [s]"] = med(run("import time; t = time.perf_counter(); import numba; "
+                                          "print(time.perf_counter() - t)", "")
+                                      for _ in range(max(5, a.repeat)))
+    small = []
     with tempfile.TemporaryDirectory() as d:
-        r["per-call overhead, 4x4 matmul [us]"] = run(OVERHEAD, d)
+        run(SMALL_FIRST, d)
+        for _ in range(max(5, a.repeat)):
+            small.append(run(SMALL_FIRST, d))
+    r["warm first call, 4x4 matmul: import tullio_py [s]"] = med(s["import"] for s in small)
+    r["warm first call, 4x4 matmul: the call [s]"] = med(s["first call"] for s in small)
+    r["warm first call, 4x4 matmul: total [s]"] = med(s["import"] + s["first call"] for s in small)
+    r["warm first call, 4x4 matmul: loaded from disk"] = small[-1]["disk_hits"]
+    r["warm first call, 4x4 matmul: heavy modules imported"] = small[-1]["imported"]
+    for dtype in ("float64", "float32"):
+        with tempfile.TemporaryDirectory() as d:
+            r[f"per-call overhead, 4x4 {dtype} matmul [us]"] = run(
+                OVERHEAD.replace("DTYPE", f"np.{dtype}"), d)
     r["jit.stats of the last cold/warm pair"] = stats
     print(json.dumps(r, indent=2))
     if a.json:
