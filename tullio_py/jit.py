@@ -346,6 +346,10 @@ def _tbb_paths(name: str) -> list:
     import site
     dirs = [os.path.join(p, "lib") for p in dict.fromkeys(
         [sys.prefix, sys.exec_prefix, sys.base_prefix, site.getuserbase()])]
+    found = [p for p in dict.fromkeys(os.path.normpath(os.path.join(d, name)) for d in dirs)
+             if os.path.exists(p)]
+    if found:                   # the environment's own: its distribution's record not read
+        return found
     try:
         from importlib import metadata
         for f in metadata.distribution("tbb").files or ():

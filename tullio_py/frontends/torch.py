@@ -24,8 +24,9 @@ import functools
 
 import numpy as np
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
-from .. import jit
+from .. import jit, memo
 from ..errors import ArgumentError, GradientError
 from ..ir import walk
 from . import vjp as vjp_mod
@@ -62,30 +63,58 @@ def _category(dt: torch.dtype) -> int:
     return 2 if dt.is_floating_point else 1
 
 
+class _Static:
+    """What every call of one kernel asks of its statement, worked out once: the arrays read
+    only as indices, the names whose values reach the result (in order), the parameters, the
+    constants, the `nograd` names."""
+    __slots__ = ("index_only", "reads", "params", "consts", "nograd", "fixed")
+
+    def __init__(self, kernel):
+        eq = kernel.equation
+        self.index_only = frozenset({g.array for g in eq.gathers()}
+                                    - {a.array for a in eq.accesses()})
+        self.reads = [n for n in dict.fromkeys([a.array for a in eq.accesses()] + list(eq.params))
+                      if n not in self.index_only]
+        self.params = frozenset(eq.params)
+        self.consts = [n.value for n in walk(eq.rhs) if n.__class__.__name__ == "Const"]
+        self.nograd = frozenset(kernel.options.nograd)
+        self.fixed = self.index_only | self.nograd          # never differentiable
+
+
+_STATIC = memo.Memo("torch.static", 1024)      # Kernel (by identity) -> _Static
+
+
+def _static(kernel) -> _Static:
+    st = _STATIC.get(kernel)
+    if st is None:
+        st = _STATIC[kernel] = _Static(kernel)
+    return st
+
+
 def torch_result_dtype(kernel, values: dict, np_dtype: np.dtype) -> torch.dtype:
     """torch's promotion of the values the right-hand side reads (index arrays excluded), given
     the dtype numpy's rules chose (which tells whether the body makes integers float)."""
-    eq = kernel.equation
-    index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
+    st = _static(kernel)
+    params = st.params
     dim, zero, scalars = None, None, []
-    for n in dict.fromkeys([a.array for a in eq.accesses()] + list(eq.params)):
-        if n in index_only or n not in values:
+    for n in st.reads:
+        if n not in values:
             continue
         v = values[n]
         if isinstance(v, torch.Tensor):
-            if v.ndim and n not in eq.params:
+            if v.ndim and n not in params:
                 dim = v.dtype if dim is None else torch.promote_types(dim, v.dtype)
             else:
                 zero = v.dtype if zero is None else torch.promote_types(zero, v.dtype)
         elif isinstance(v, np.ndarray):
             dt = _torch_dtype(v.dtype)
-            if v.ndim and n not in eq.params:
+            if v.ndim and n not in params:
                 dim = dt if dim is None else torch.promote_types(dim, dt)
             else:
                 zero = dt if zero is None else torch.promote_types(zero, dt)
         else:
             scalars.append(v)
-    scalars += [n.value for n in walk(eq.rhs) if n.__class__.__name__ == "Const"]
+    scalars += st.consts
     out = dim
     if zero is not None and (out is None or _category(zero) > _category(out)):
         out = zero
@@ -114,7 +143,12 @@ def _complex_of(dt: torch.dtype) -> torch.dtype:
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    return {np.dtype(v): k for k, v in _NUMPY.items() if k not in HALF}[np.dtype(dt)]
+    if not _TORCH:
+        _TORCH.update({np.dtype(v): k for k, v in _NUMPY.items() if k not in HALF})
+    return _TORCH[np.dtype(dt)]
+
+
+_TORCH: dict = {}       # numpy dtype -> torch dtype
 
 
 def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
@@ -130,7 +164,10 @@ def torch_threads(f):
     def wrapped(*args, **kwargs):
         if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
             return f(*args, **kwargs)
-        with jit.thread_budget(torch.get_num_threads()):
+        n = torch.get_num_threads()
+        if getattr(jit.budgets, "n", None) == n:    # inside a function that set it
+            return f(*args, **kwargs)
+        with jit.thread_budget(n):
             return f(*args, **kwargs)
     return wrapped
 
@@ -140,7 +177,8 @@ def is_wrapped(t: torch.Tensor) -> bool:
     tracking tensor) or a forward-mode dual tensor: such a call goes through the autograd
     Function, whose rules handle it."""
     return torch._C._functorch.is_functorch_wrapped_tensor(t) or \
-        torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+        (getattr(_forward_ad, "_current_level", 0) >= 0
+         and _forward_ad.unpack_dual(t).tangent is not None)
 
 
 class Spec:
@@ -152,14 +190,16 @@ class Spec:
 
     @classmethod
     def of(cls, kernel, arrays: dict) -> "Spec":
-        eq = kernel.equation
-        index_only = {g.array for g in eq.gathers()} - {a.array for a in eq.accesses()}
-        nograd = set(kernel.options.nograd)
-        tensors = tuple(n for n, v in arrays.items() if isinstance(v, torch.Tensor))
-        others = tuple(n for n in arrays if n not in tensors)
-        diff = tuple(n for n in tensors if n not in index_only and n not in nograd
-                     and (arrays[n].is_floating_point() or arrays[n].is_complex()))
-        return cls(kernel, tensors, others, diff)
+        fixed = _static(kernel).fixed
+        tensors, others, diff = [], [], []
+        for n, v in arrays.items():
+            if isinstance(v, torch.Tensor):
+                tensors.append(n)
+                if n not in fixed and (v.is_floating_point() or v.is_complex()):
+                    diff.append(n)
+            else:
+                others.append(n)
+        return cls(kernel, tuple(tensors), tuple(others), tuple(diff))
 
     def scalar_values(self, arrays: dict) -> dict:
         return {n: arrays[n] for n in self.others}
@@ -170,8 +210,8 @@ def run_forward(spec: Spec, tensors, others: dict) -> torch.Tensor:
     """Forward without autograd: numpy views in, the numpy result wrapped (no copy unless
     torch's result dtype differs from numpy's)."""
     values = dict(zip(spec.tensors, tensors))
-    np_arrays = {n: param_value(t) if n in spec.kernel.equation.params else to_numpy(t)
-                 for n, t in values.items()}
+    params = _static(spec.kernel).params
+    np_arrays = {n: param_value(t) if n in params else to_numpy(t) for n, t in values.items()}
     np_arrays.update(others)
     out = spec.kernel(**np_arrays)
     return to_torch(out, torch_result_dtype(spec.kernel, {**values, **others},

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import ArgumentError, GradientError
+from ..tape import current
 from . import vjp as vjp_mod
 from .torch import (HALF, Spec, is_wrapped, no_second_order, param_value, run_forward, to_numpy,
                     torch_threads)
@@ -31,9 +32,9 @@ def wants(arrays: dict, kernel=None) -> bool:
 @torch_threads
 def call(kernel, arrays: dict):
     eq = kernel.equation
-    if not torch.compiler.is_compiling():
-        from ..tape import current        # inside `with Tape()`: the Tape records the call
-        tape = current()
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        tape = current()                  # inside `with Tape()`: the Tape records the call
         if tape is not None:
             return tape.run(kernel, arrays)
     tensors = {n: v for n, v in arrays.items() if isinstance(v, torch.Tensor)}
@@ -42,7 +43,7 @@ def call(kernel, arrays: dict):
         return _cuda_call(kernel, arrays, devices)
     if eq.assign != ":=":
         return _in_place(kernel, arrays, tensors)
-    if torch.compiler.is_compiling():
+    if compiling:
         from . import torch_ops
         return torch_ops.compiled_call(kernel, arrays)
     spec = Spec.of(kernel, arrays)
