@@ -61,6 +61,44 @@ class Stats:
 stats = Stats()
 
 
+class CompileStats:
+    """Counters for this process (jit.stats).  `compiles`: specialisations numba compiled;
+    `disk_hits`: specialisations loaded from numba's disk cache instead (numba's counters on
+    the compiled functions in `loaded`, jit.py's memo); the rest comes from `stats` (module
+    files written / reused / rebuilt, pickles, pruning) and `log` lists file events."""
+
+    def __init__(self, loaded: dict):
+        self.loaded = loaded
+
+    def _numba_counts(self):
+        hits = misses = 0
+        for fn in list(self.loaded.values()):
+            st = getattr(fn, "stats", None)
+            if st is not None:
+                hits += sum(st.cache_hits.values())
+                misses += sum(st.cache_misses.values())
+        return hits, misses
+
+    @property
+    def compiles(self) -> int:
+        return self._numba_counts()[1]
+
+    @property
+    def disk_hits(self) -> int:
+        return self._numba_counts()[0]
+
+    def __getattr__(self, name):
+        return getattr(stats, name)
+
+    def snapshot(self) -> dict:
+        hits, misses = self._numba_counts()
+        return {"compiles": misses, "disk_hits": hits, "kernels_loaded": len(self.loaded),
+                **stats.as_dict()}
+
+    def __repr__(self):
+        return f"jit.stats({self.snapshot()})"
+
+
 # ----------------------------------------------------------------------------- location
 def directory() -> Path | None:
     """The cache root, or None when disabled.  Read from the environment on every use, so tests

@@ -205,41 +205,7 @@ def _vecmath_hash() -> str:
     return _VECMATH_HASH[0]
 
 
-class _Stats:
-    """Counters for this process.  `compiles`: specialisations numba compiled; `disk_hits`:
-    specialisations loaded from numba's disk cache instead; the rest comes from cache.stats
-    (module files written / reused / rebuilt, pickles, pruning) and `log` lists file events."""
-
-    def _numba_counts(self):
-        hits = misses = 0
-        for fn in list(_LOADED.values()):
-            st = getattr(fn, "stats", None)
-            if st is not None:
-                hits += sum(st.cache_hits.values())
-                misses += sum(st.cache_misses.values())
-        return hits, misses
-
-    @property
-    def compiles(self) -> int:
-        return self._numba_counts()[1]
-
-    @property
-    def disk_hits(self) -> int:
-        return self._numba_counts()[0]
-
-    def __getattr__(self, name):
-        return getattr(cache.stats, name)
-
-    def snapshot(self) -> dict:
-        hits, misses = self._numba_counts()
-        return {"compiles": misses, "disk_hits": hits, "kernels_loaded": len(_LOADED),
-                **cache.stats.as_dict()}
-
-    def __repr__(self):
-        return f"jit.stats({self.snapshot()})"
-
-
-stats = _Stats()
+stats = cache.CompileStats(_LOADED)   # numba's counters over the loaded kernels + cache.stats
 
 
 # ----------------------------------------------------------------------------- threads
