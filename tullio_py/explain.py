@@ -53,10 +53,11 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     b = binding.bind(eq, k.options, dict(arrays))
     collected, rng, dtype, shape = b.arrays, b.ranges, b.dtype, b.shape
     out = collected.get(eq.output) if eq.assign != ":=" else None
-    path, detail = _path(k, collected, rng, out, shape, dtype)
+    path, detail, shared = _path(k, collected, rng, out, shape, dtype)
     from . import schedule
     n = schedule.thread_count(k.threads, jit.max_threads())
-    threads = ("BLAS's own threads" if path != "loops" else
+    threads = (f"{shared} Python threads, single-threaded gemms" if shared > 1 else
+               "BLAS's own threads" if path != "loops" else
                f"{n or jit.max_threads()} (numba prange)" if "parallel" in detail else "1")
     tuples = 1
     for r in rng.values():
@@ -73,22 +74,33 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
 
 def _path(k, arrays, rng, out, shape, dtype):
     if k.blas_plan is not None and _blas.worth(k.blas_plan, rng, arrays):
-        return "blas", f"pure contraction over whole arrays: einsum {k.blas_plan.spec}"
+        return "blas", f"pure contraction over whole arrays: einsum {k.blas_plan.spec}", 1
     if k.shift_plan is not None:
         strides = out.strides if out is not None else tuple(
             np.empty(shape, dtype).strides)
-        p = k.shift_plan.plan(arrays, rng, shape, strides, dtype)
+        from .frontends.numpy import shift_threads
+        n = shift_threads(k)
+        p = k.shift_plan.plan(arrays, rng, shape, strides, dtype, n)
         if p is not None:
             how = (f"loop over {', '.join(p.loop)} ({int(np.prod(p.steps))} steps) of "
                    if p.loop else "one ")
             kind = "gemm after an im2col copy" if p.im2col else "np.matmul over strided views"
-            return "blas_shift", (f"{how}{kind}, result {p.res_shape}; model "
-                                  f"{p.cost * 1e3:.3f} ms")
+            col2im = (f", added into the output for each {', '.join(p.scatter)} (col2im)"
+                      if p.scatter else "")
+            n = min(n, p.steps[0]) if p.split and p.loop and _shift_threads() else 1
+            shared = f"; steps of {p.loop[0]} shared by {n} threads" if n > 1 else ""
+            return "blas_shift", (f"{how}{kind}, result {p.res_shape}{col2im}{shared}; "
+                                  f"model {p.cost * 1e3:.3f} ms"), n
     plan, _, _ = k.plan_for(arrays, rng, dtype, shape)
     order = ", ".join(f"{l.index}{' (parallel)' if l.parallel else ''}" for l in plan.loops)
     jam = (f"; register-blocked: {plan.jam[1]} values of {plan.jam[0]} at once, tiles of "
            f"{plan.jam[2]}" if plan.jam else "")
-    return "loops", f"generated loops, order {order} (outer to inner){jam}"
+    return "loops", f"generated loops, order {order} (outer to inner){jam}", 1
+
+
+def _shift_threads() -> bool:
+    from . import blas_threads
+    return blas_threads.available()
 
 
 def _times(f, n: int) -> list[float]:
