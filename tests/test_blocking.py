@@ -2,8 +2,10 @@
 (Plan.hoists): every blocked kernel gives what numpy, the reference interpreter and the same
 plan without blocking (the plain row form) give, on sizes that leave remainders of the jam
 factor and of the lane tile, on strided and Fortran-ordered inputs, on 1 and 2 threads, with
-NaN in the input.  The work threshold for threads is lowered to 0 so that small arrays take
-the blocked path; the kernels are module-level and shared (each compile costs seconds).
+NaN in the input; with the tiles for 256-bit vectors and for 512-bit ones (Plan.wide), either
+way whatever the machine has.  The work threshold for threads is lowered to 0 so that small
+arrays take the blocked path; the kernels are module-level and shared (each compile costs
+seconds).
 """
 import os
 import sys
@@ -25,6 +27,7 @@ from tullio_py.rewrite import lower  # noqa: E402
 @pytest.fixture(autouse=True)
 def always_threads(monkeypatch):
     monkeypatch.setattr(schedule, "PARALLEL_WORK_THRESHOLD", 0)
+    monkeypatch.setattr(jit, "vector_bytes", lambda: 32)    # 256-bit tiles (wide: below)
 
 
 MM = "C[i,k] := A[i,j] * B[j,k]"
@@ -263,3 +266,45 @@ def test_gradient_relaid_blocked_equals_numpy_and_plain(expr, strided, monkeypat
     assert all(not s.relayout for s in plain.last_plan.statements)
     np.testing.assert_allclose(got["x"], want["x"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["W"], want["W"], rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- 512-bit tiles
+WIDE = {t: kernel(MM, blas=False, threads=t) for t in (True, 1)}     # (KERNELS' MM kernels:
+WIDE_CASES = {   # name: (A, B, jam factor, lanes)             # shapes unlike MM_CASES')
+    "f64 odd 37x45x43": (rnd(37, 45), rnd(45, 43, seed=1), 8, 16),
+    "f32 odd 13x50x37": (rnd(13, 50, dtype=np.float32), rnd(50, 37, seed=1, dtype=np.float32),
+                         8, 32),
+    "f32 6 rows, row 19": (rnd(6, 52, dtype=np.float32), rnd(52, 19, seed=1, dtype=np.float32),
+                           4, 16),
+    "f32 strided": (_strided(rnd(17, 21, dtype=np.float32)),
+                    _strided(rnd(21, 70, seed=1, dtype=np.float32)), 8, 32),
+    "f32 NaN and inf": (np.where(rnd(10, 12) > 1.5, np.nan, rnd(10, 12)).astype(np.float32),
+                        np.where(rnd(12, 34, seed=1) > 2, np.inf,
+                                 rnd(12, 34, seed=1)).astype(np.float32), 8, 32),
+    "int64": (np.arange(9 * 7).reshape(9, 7) % 11 - 5, np.arange(7 * 40).reshape(7, 40) % 7 - 3,
+              8, 16),
+}
+
+
+@pytest.mark.parametrize("threads", [True, 1], ids=["threads", "1 thread"])
+@pytest.mark.parametrize("case", list(WIDE_CASES))
+def test_wide_tiles_equal_numpy_and_plain(case, threads, monkeypatch):
+    """JAM_WIDE rows (JAM when fewer) of 128 bytes of the row (64 when it is shorter), marked
+    for 512-bit vectors; the same results as numpy, the plain row form and plain Python."""
+    monkeypatch.setattr(jit, "vector_bytes", lambda: 64)
+    A, B, factor, lanes = WIDE_CASES[case]
+    got, plan, plain = _run(WIDE[threads], dict(A=A, B=B))
+    assert plan.wide and plan.jam == ("i", factor, lanes), plan
+    assert "_wide_vectors()" in codegen.render(plan).text
+    want = np.einsum("ij,jk->ik", A, B)
+    if A.dtype.kind == "i":
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(plain, want)
+        return
+    tol = 1e-4 if A.dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    if threads is True and case.startswith("f32 odd"):
+        python = kernel(MM, blas=False, target="python")(A=A, B=B)
+        np.testing.assert_allclose(python, want, rtol=tol, atol=tol)

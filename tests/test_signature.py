@@ -207,7 +207,9 @@ NOT_CACHES = {
                         "not change: isinstance)",
     ("jit", "_VM"): "the compiled vecmath functions, a fixed set defined on first use (its "
                     "first entry also marks numba's pow2 overload as registered, once)",
-    ("jit", "_VECMATH_HASH"): "the hash of vecmath.py, a constant of the process",
+    ("jit", "_VECMATH_HASH"): "the hash of vecmath.py and intrinsics.py, a constant of the process",
+    ("jit", "_VECTOR_BYTES"): "the machine's vector register width, a constant of the process",
+    ("intrinsics", "_WIDE"): "the wide_vectors intrinsic, defined on first use",
 }
 
 

@@ -1,4 +1,5 @@
-"""Source -> callable.  The only module that imports numba, and only when a kernel is loaded.
+"""Source -> callable.  With intrinsics.py, the only module that imports numba, and only when a
+kernel is loaded.
 It also chooses numba's threading layer and runs parallel kernels on a thread count (below).
 
 Target "cpu": the generated module is written to the disk cache (cache.py) and compiled with
@@ -37,6 +38,9 @@ def module_text(source: Source, target: str) -> str:
         imports = "".join(f"_vm_{n} = _np.{n.split('_')[0]}\n" for n in used)
     else:
         imports = "".join(f"from tullio_py.jit import vm_{n} as _vm_{n}\n" for n in used)
+    if "_wide_vectors()" in source.text:
+        imports += ("_wide_vectors = lambda: None\n" if target == "python" else
+                    "from tullio_py.intrinsics import wide_vectors as _wide_vectors\n")
     return _HEADERS[target] + imports + source.text
 
 
@@ -114,7 +118,8 @@ def vector_function(name: str):
         numba = _numba()
         with _VM_LOCK:                          # the overloads are registered once
             if not _VM:
-                _register_bits()
+                from . import intrinsics
+                intrinsics.register()
             fn = _VM.get(name)
             if fn is None:
                 fn = _VM[name] = numba.njit(error_model="numpy",
@@ -122,76 +127,20 @@ def vector_function(name: str):
     return fn
 
 
-def _register_bits():
-    """vecmath's pow2, exponent and mantissa in compiled code, as integer operations on the
-    float's bits (IEEE layout: sign, exponent biased by `bias`, `mantissa` fraction bits), and
-    the vecmath functions as callable from each other."""
-    from llvmlite import ir
-    from numba.core import cgutils, types
-    from numba.extending import intrinsic, overload
+_VECTOR_BYTES: list = []
 
-    def layout(t):
-        width, mant, bias = (32, 23, 127) if t.bitwidth == 32 else (64, 52, 1023)
-        return ir.IntType(width), mant, bias
 
-    def bits_intrinsic(build):
-        @intrinsic
-        def op(typingctx, x):
-            if not isinstance(x, types.Float):
-                return None
-
-            def codegen(context, builder, sig, args):
-                ity, mant, bias = layout(x)
-                const = lambda v: ir.Constant(ity, v)               # noqa: E731
-                return build(builder, args[0], ity, const, mant, bias,
-                             context.get_value_type(x))
-            return x(x), codegen
-        return op
-
-    def pow2_bits(b, x, ity, c, mant, bias, fty):       # (int(x) + bias) << mant
-        return b.bitcast(b.shl(b.add(b.fptosi(x, ity), c(bias)), c(mant)), fty)
-
-    def exponent_bits(b, x, ity, c, mant, bias, fty):   # ((bits >> mant) & max) - bias
-        e = b.and_(b.lshr(b.bitcast(x, ity), c(mant)), c(2 * bias + 1))
-        return b.sitofp(b.sub(e, c(bias)), fty)
-
-    def mantissa_bits(b, x, ity, c, mant, bias, fty):   # fraction bits | exponent of 1
-        f = b.and_(b.bitcast(x, ity), c((1 << mant) - 1))
-        return b.bitcast(b.or_(f, c(bias << mant)), fty)
-
-    def register(fn, build):
-        op = bits_intrinsic(build)
-
-        @overload(fn)
-        def typed(x):
-            if isinstance(x, types.Float):
-                return lambda x: op(x)
-
-    register(vecmath.pow2, pow2_bits)
-    register(vecmath.exponent, exponent_bits)
-    register(vecmath.mantissa, mantissa_bits)
-
-    def extremum(which):                        # vecmath.maximum / minimum: llvm.<which>
-        @intrinsic
-        def op(typingctx, a, b):
-            def codegen(context, builder, sig, args):
-                fty = ir.FunctionType(args[0].type, [args[0].type] * 2)
-                return builder.call(cgutils.get_or_insert_function(
-                    builder.module, fty, f"llvm.{which}.f{a.bitwidth}"), args)
-            return (a(a, b), codegen) if isinstance(a, types.Float) and a == b else None
-        overload(getattr(vecmath, which))(lambda a, b: lambda a, b: op(a, b))
-
-    for which in ("maximum", "minimum"):
-        extremum(which)
-
-    def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
-        @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})
-        def typed(x):
-            if isinstance(x, types.Float):
-                return fn
-
-    for name in vecmath.UNARY:
-        callable_inside(vecmath.FUNCTIONS[name])
+def vector_bytes() -> int:
+    """Bytes of the widest vector registers compiled kernels can use: 64 where numba compiles
+    for AVX-512 (which has 32 of them), else 32 (schedule.jam_choice sizes its tiles by it)."""
+    if not _VECTOR_BYTES:
+        from llvmlite import binding
+        from numba.core import config
+        features = config.CPU_FEATURES
+        if features is None:
+            features = binding.get_host_cpu_features().flatten() if config.CPU_NAME is None else ""
+        _VECTOR_BYTES.append(64 if "+avx512f" in features.split(",") else 32)
+    return _VECTOR_BYTES[0]
 
 
 _VECMATH_HASH: list = []
@@ -200,8 +149,12 @@ _VECMATH_HASH: list = []
 def _vecmath_hash() -> str:
     if not _VECMATH_HASH:
         import hashlib
-        with open(vecmath.__file__, "rb") as f:
-            _VECMATH_HASH.append(hashlib.sha256(f.read()).hexdigest()[:16])
+        from . import intrinsics
+        h = hashlib.sha256()
+        for module in (vecmath, intrinsics):
+            with open(module.__file__, "rb") as f:
+                h.update(f.read())
+        _VECMATH_HASH.append(h.hexdigest()[:16])
     return _VECMATH_HASH[0]
 
 

@@ -221,7 +221,7 @@ class Kernel:
                 layouts["_old_" + n], sizes["_old_" + n] = layouts[n], sizes[n]
         plan = schedule.plan(work_eq, call_ranges, dtype.name, threads=parallel,
                              pad_value=self.pad, fastmath=self.fastmath,
-                             layouts=layouts, sizes=sizes)
+                             layouts=layouts, sizes=sizes, vector_bytes=jit.vector_bytes())
         plan = dtypes.with_dtypes(plan, arrays)
         # Every choice of the plan that changes the code (block depends on the sizes).
         key = CompileKey.of(self._lowered_text, dtype, target, parallel,

@@ -90,6 +90,8 @@ def render_jam(nest):
     out.add(f"{blocks}\nfor _jb in {loop}(_nj):")
     out.depth += 1
     nest.opened.append(v)
+    if plan.wide:
+        out.add("_wide_vectors()")
     out.add(f"_j0 = {start} + _jb * {factor}\n_acc = _np.empty(({factor}, {lanes}), _T)\n"
             + row_tiles)
     loads(kj)

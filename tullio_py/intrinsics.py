@@ -1,0 +1,108 @@
+"""numba intrinsics and overloads the generated CPU kernels use (imported by jit.py, and by
+kernels, only once numba is wanted).
+
+`register()` makes vecmath's bit-level helpers (pow2, exponent, mantissa) and IEEE
+maximum/minimum compile to LLVM operations, and the vecmath functions callable from each
+other.  `wide_vectors()` marks the compiled function it is called in to use the widest
+vector registers of the machine (512-bit with AVX-512, which LLVM otherwise avoids on many
+x86 CPUs): the register-blocked row form (codegen/blocked.py) calls it.
+"""
+from __future__ import annotations
+
+from . import vecmath
+
+_WIDE: list = []
+
+
+def register():
+    """vecmath's pow2, exponent and mantissa in compiled code, as integer operations on the
+    float's bits (IEEE layout: sign, exponent biased by `bias`, `mantissa` fraction bits),
+    maximum and minimum as llvm.maximum/minimum, and the vecmath functions as callable from
+    each other.  Called once, before the first vecmath function compiles."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic, overload
+
+    def layout(t):
+        width, mant, bias = (32, 23, 127) if t.bitwidth == 32 else (64, 52, 1023)
+        return ir.IntType(width), mant, bias
+
+    def bits_intrinsic(build):
+        @intrinsic
+        def op(typingctx, x):
+            if not isinstance(x, types.Float):
+                return None
+
+            def codegen(context, builder, sig, args):
+                ity, mant, bias = layout(x)
+                const = lambda v: ir.Constant(ity, v)               # noqa: E731
+                return build(builder, args[0], ity, const, mant, bias,
+                             context.get_value_type(x))
+            return x(x), codegen
+        return op
+
+    def pow2_bits(b, x, ity, c, mant, bias, fty):       # (int(x) + bias) << mant
+        return b.bitcast(b.shl(b.add(b.fptosi(x, ity), c(bias)), c(mant)), fty)
+
+    def exponent_bits(b, x, ity, c, mant, bias, fty):   # ((bits >> mant) & max) - bias
+        e = b.and_(b.lshr(b.bitcast(x, ity), c(mant)), c(2 * bias + 1))
+        return b.sitofp(b.sub(e, c(bias)), fty)
+
+    def mantissa_bits(b, x, ity, c, mant, bias, fty):   # fraction bits | exponent of 1
+        f = b.and_(b.bitcast(x, ity), c((1 << mant) - 1))
+        return b.bitcast(b.or_(f, c(bias << mant)), fty)
+
+    def register(fn, build):
+        op = bits_intrinsic(build)
+
+        @overload(fn)
+        def typed(x):
+            if isinstance(x, types.Float):
+                return lambda x: op(x)
+
+    register(vecmath.pow2, pow2_bits)
+    register(vecmath.exponent, exponent_bits)
+    register(vecmath.mantissa, mantissa_bits)
+
+    def extremum(which):                        # vecmath.maximum / minimum: llvm.<which>
+        @intrinsic
+        def op(typingctx, a, b):
+            def codegen(context, builder, sig, args):
+                fty = ir.FunctionType(args[0].type, [args[0].type] * 2)
+                return builder.call(cgutils.get_or_insert_function(
+                    builder.module, fty, f"llvm.{which}.f{a.bitwidth}"), args)
+            return (a(a, b), codegen) if isinstance(a, types.Float) and a == b else None
+        overload(getattr(vecmath, which))(lambda a, b: lambda a, b: op(a, b))
+
+    for which in ("maximum", "minimum"):
+        extremum(which)
+
+    def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
+        @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})
+        def typed(x):
+            if isinstance(x, types.Float):
+                return fn
+
+    for name in vecmath.UNARY:
+        callable_inside(vecmath.FUNCTIONS[name])
+
+
+def __getattr__(name: str):
+    """`wide_vectors`: a no-op intrinsic; the compiled function that calls it prefers 512-bit
+    vectors (LLVM's "prefer-vector-width" function attribute, which llvmlite's attribute set
+    does not list, so it is added to the set as text).  Made on first use."""
+    if name != "wide_vectors":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _WIDE:
+        from numba.core import types
+        from numba.extending import intrinsic
+
+        def codegen(context, builder, sig, args):
+            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+            return context.get_dummy_value()
+
+        @intrinsic
+        def wide_vectors(typingctx):
+            return types.none(), codegen
+        _WIDE.append(wide_vectors)
+    return _WIDE[0]
