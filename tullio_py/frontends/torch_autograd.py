@@ -127,9 +127,13 @@ class Apply(torch.autograd.Function):
                 made = None
             if made is not None:
                 return (None, None, *[made.get(n) for n in spec.tensors])
-        # the output was made C-ordered and the gradient loops are planned for that order
-        grads = iter(Vjp.apply(spec, ctx.others, needs, ctx.keep_out, gout.contiguous(), out,
-                               *tensors))
+        # the output was made C-ordered and the gradient loops are planned for that order;
+        # with no graph to record (grad mode off, no torch.func transform, no forward-mode
+        # level: nothing could differentiate or batch Vjp) its forward runs as it is
+        plain = not torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active() \
+            and getattr(torch.autograd.forward_ad, "_current_level", 0) < 0
+        grads = iter((Vjp.forward if plain else Vjp.apply)(
+            spec, ctx.others, needs, ctx.keep_out, gout.contiguous(), out, *tensors))
         return (None, None, *[next(grads) if n in needs else None for n in spec.tensors])
 
     @staticmethod
