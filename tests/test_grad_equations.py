@@ -132,3 +132,30 @@ def test_softmax_as_two_statements():
     p2 = run_printed(k2, dy, dict(x=x, s=s), y)
     p1 = run_printed(k1, g2["s"], dict(x=x), s)
     np.testing.assert_array_equal(p2["x"] + p1["x"], dx)
+
+
+@pytest.mark.parametrize("expr,want", [
+    ("e[i,j] := exp(x[i,j] - m[i]) * (j <= i + 1)",
+     ["de[i, j] * e[i, j] * (j <= i + 1)", "de[i, j] * -e[i, j] * (j <= i + 1)"]),
+    ("s[i] := exp(x[i,j] - m[i])",
+     ["ds[i] * exp(x[i, j] - m[i])", "ds[i] * -exp(x[i, j] - m[i])"]),
+], ids=["elementwise", "reduction"])
+def test_a_partial_equal_to_the_body_reads_the_output(expr, want):
+    """Each element of an elementwise ':=' output is the body at one tuple, so a partial that
+    is the whole body reads the output (no exp computed again); a reduction's output is a sum,
+    so its gradients keep the body.  Against numpy, with and without the output passed."""
+    x, m = r(5, 12)[:, ::2], r(5)
+    k = kernel(expr)
+    out = k(x=x, m=m)
+    cot = r(*np.shape(out))
+    g = k.vjp(cot, x=x, m=m)
+    assert [eq.split(" += ")[1] for eq in k.gradient_equations["x"] + k.gradient_equations["m"]] \
+        == want
+    mask = np.tril(np.ones((5, 6)), 1) if "<=" in expr else 1.0
+    wide = cot if np.ndim(cot) == 2 else cot[:, None]
+    dx = wide * np.exp(x - m[:, None]) * mask
+    np.testing.assert_allclose(g["x"], dx, rtol=1e-12)
+    np.testing.assert_allclose(g["m"], -dx.sum(1), rtol=1e-12)
+    given = k.vjp(cot, x=x, m=m, **{k.equation.output: out})
+    np.testing.assert_array_equal(given["x"], g["x"])
+    np.testing.assert_array_equal(run_printed(k, cot, dict(x=x, m=m), out)["x"], g["x"])

@@ -230,6 +230,7 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
         return _replace(base, error=c)
     dout = Access(cot, eq.lhs.indices)
     partials = _partials(c.body, inputs, complex_mode, scalars)
+    same = _output_is_body(eq, complex_mode)
     grads, params = [], list(c.params)
     sign_op = "-=" if eq.assign == "-=" else "+="
     for name in (*inputs, *scalars):
@@ -254,6 +255,8 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
             else:
                 if d is None:
                     continue
+                if same is not None:
+                    d = map_expr(d, lambda n: same if str(n) == str(c.body) else n)
                 partial = _times(c.factor, d)
                 if c.chosen is not None:
                     partial = Call("where", (c.chosen, partial, Const(0)))
@@ -261,6 +264,21 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
             out_eqs.append(finish(eq, c, Equation(lhs, sign_op, rhs), taken, params))
         grads.append((name, tuple(out_eqs)))
     return _replace(base, helpers=tuple(c.helpers), grads=tuple(grads), params=tuple(params))
+
+
+def _output_is_body(eq: Equation, complex_mode: bool):
+    """The read `out[L]` when each element of the output is the body at exactly one tuple
+    (`:=`, every index bare and distinct on the left, no reduction or finaliser): a partial
+    that contains the whole body reads the output instead of computing it again (`e[i,j] :=
+    exp(x[i,j] - m[i])` gives `dx[i,j] += de[i,j] * e[i,j]`, as torch's exp saves its
+    result).  Top-level masks restrict the gradients' iteration to tuples where out equals the
+    body.  None when the rule does not apply."""
+    lhs = eq.lhs.indices
+    if (complex_mode or eq.assign != ":=" or eq.reduction_indices or eq.finaliser
+            or not all(isinstance(s, Affine) and s.is_bare for s in lhs)
+            or len({s.names[0] for s in lhs}) != len(lhs)):
+        return None
+    return Access(eq.output, lhs)
 
 
 def finish(fwd: Equation, c: _Chain, g: Equation, taken: set, params: list) -> Equation:
