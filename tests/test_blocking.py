@@ -254,6 +254,9 @@ def test_gradient_relaid_blocked_equals_numpy_and_plain(expr, strided, monkeypat
         want["dx"] = (("dout", (0, 1, 2, 3)),)
     assert relaid == want, relaid
     assert [s.kind for s in plan.steps] == ["loops", "loops"]
+    # the layer's dW statement writes every element of dW once, summing b in registers: it
+    # runs as '=' into an unzeroed array (vjp_plan.relaid_overwrites)
+    assert [(a.name, a.written) for a in plan.arrays] == [("dx", False), ("dW", expr == LAYER)]
     again = Gradient(k)
     again.vjp(cot, x=x, W=W)
     assert again.last_plan == plan                  # the choice is a function of the call

@@ -125,6 +125,7 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
     else:
         statements = statements[:len(d.helpers)] + [
             relaid(s, kernel_for, values, params) for s in statements[len(d.helpers):]]
+        arrays, statements = relaid_overwrites(arrays, statements)
         steps = choose(statements, len(d.helpers), [kernel_for(s.equation) for s in statements],
                        values, params, fuse)
     statements = tuple(statements)
@@ -213,6 +214,23 @@ def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
     return moved
 
 
+def relaid_overwrites(arrays: list, statements: list) -> tuple[list, list]:
+    """A relaid statement alone on its gradient array that writes every element of it
+    (`overwrites`, reductions allowed) runs as `=` into an unzeroed array: it runs alone, so
+    each element's whole sum is formed before it is stored (LocallyConnected2d's
+    dW[c1,i,j,c2,s,t], summed over b: 4 MB neither zeroed nor read back)."""
+    arrays, statements = list(arrays), list(statements)
+    for k, s in enumerate(statements):
+        j = next(j for j, a in enumerate(arrays) if a.name == s.output)
+        a = arrays[j]
+        if (s.relayout and a.input is not None and not a.written
+                and sum(x.output == s.output for x in statements) == 1
+                and overwrites(s.equation, as_ranges(s.ranges), a.shape, reductions=True)):
+            arrays[j] = replace(a, written=True)
+            statements[k] = replace(s, equation=replace(s.equation, assign="="))
+    return arrays, statements
+
+
 def arrays_of(s: Statement, ns: dict, params: dict, run: bool = False) -> dict:
     """The arrays and scalars statement `s` reads (`pick`), each array it reads relaid
     (Statement.relayout) as a C-contiguous copy with its axes in that order (`run`: a real
@@ -241,18 +259,20 @@ def gradient_arrays(d, rng: dict, inputs: dict, cot_dtype, complex_mode: bool) -
     return out
 
 
-def overwrites(g: Equation, rng: dict, shape) -> bool:
+def overwrites(g: Equation, rng: dict, shape, reductions: bool = False) -> bool:
     """Whether gradient statement `g`, alone on its array, writes each element exactly once
     (`dx[i,j] += dy[i,j] * g[j] / s[i]`: every index bare on the left, no reduction, no mask,
     pad, clamp, mod or gather, the ranges the whole array): then `dx[i,j] = ...` into an
     unzeroed array gives the same values without zeroing dx and reading it back (the layer
-    norm's and softmax's dx at 4096x512 float32: 8 MB less written and read each)."""
+    norm's and softmax's dx at 4096x512 float32: 8 MB less written and read each).
+    `reductions`: a reduction index is allowed too, for a statement that runs alone (in a
+    fused nest, '=' would store each partial sum)."""
     lhs = g.lhs.indices
     if (g.assign != "+=" or g.reducer != "+" or g.finaliser or len(lhs) != len(shape)
             or not all(isinstance(x, Affine) and x.is_bare for x in lhs)):
         return False
     names = [x.names[0] for x in lhs]
-    if len(set(names)) != len(names) or set(names) != set(g.indices):
+    if len(set(names)) != len(names) or (set(names) != set(g.indices) and not reductions):
         return False
     if any(isinstance(x, (Wrapped, Gather)) for a in g.accesses() for x in a.indices) \
             or any(isinstance(f, Compare) for f in schedule.top_factors(g.rhs)):
