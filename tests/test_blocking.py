@@ -311,3 +311,25 @@ def test_wide_tiles_equal_numpy_and_plain(case, threads, monkeypatch):
     if threads is True and case.startswith("f32 odd"):
         python = kernel(MM, blas=False, target="python")(A=A, B=B)
         np.testing.assert_allclose(python, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("expr,build,want", [
+    ("e[i,j] := exp(x[i,j] - m[i])", lambda x: dict(x=x, m=x.max(1)),
+     lambda x: np.exp(x - x.max(1)[:, None])),
+    ("s[i] := exp(x[i,j] - m[i])", lambda x: dict(x=x, m=x.max(1)),
+     lambda x: np.exp(x - x.max(1)[:, None]).sum(1)),
+], ids=["elementwise", "sum"])
+@pytest.mark.parametrize("width", [32, 64])
+def test_vector_math_loops_prefer_wide_vectors(expr, build, want, width, monkeypatch):
+    """A body calling vector math (exp) is compute-bound: with 512-bit vectors on the machine
+    its loops are marked to use them (Plan.wide); results as numpy's and plain Python's, odd
+    sizes, a strided input."""
+    monkeypatch.setattr(jit, "vector_bytes", lambda: width)
+    monkeypatch.setattr(schedule, "PARALLEL_WORK_THRESHOLD", 0)
+    x = np.random.default_rng(5).standard_normal((37, 46)).astype(np.float32)[:, 1::2]
+    k = type(kernel(expr))(parse(expr))     # uncached: planned under this vector width
+    got = k(**build(x))
+    assert (k.last.plan.wide, "_wide_vectors()" in k.forward_code) == (width == 64,) * 2
+    np.testing.assert_allclose(got, want(x.astype(np.float64)), rtol=1e-5)
+    plain = kernel(expr, target="python")(**build(x))
+    np.testing.assert_allclose(got, plain, rtol=1e-6)

@@ -75,7 +75,8 @@ class Plan:
     hoists: tuple = ()            # (read, loop level): a read that does not depend on the
                                   # innermost loop, loaded once into a local just inside loop
                                   # number `level` (-1: before every loop); see hoisted_reads
-    wide: bool = False            # the jammed loops are compiled for 512-bit vectors
+    wide: bool = False            # the jammed loops, or the loops of a body calling vector
+                                  # math (_vector_math), are compiled for 512-bit vectors
 
 
 def safe_indices(eq: Equation) -> set[str]:
@@ -250,7 +251,20 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
                 lanes=lanes, fixed=fixed, block=block, jam=jam, hoists=hoisted_reads(eq, loops),
-                wide=bool(jam) and vector_bytes >= 64)
+                wide=vector_bytes >= 64 and (bool(jam) or _vector_math(eq, kind)))
+
+
+# Functions the CPU kernels compute with vecmath.py's straight-line code (codegen.expr.VECTOR).
+VECTOR_MATH = ("exp", "log", "tanh", "sigmoid")
+
+
+def _vector_math(eq: Equation, kind: str) -> bool:
+    """Whether the body calls a vecmath function on floats: tens of operations per element,
+    so its loops are compute-bound and run faster in 512-bit vectors (Plan.wide): the softmax's
+    e[i,j] := exp(x[i,j] - m[i]) at 4096x512 float32, 1.45 -> 1.0 ms on one thread."""
+    from .ir import Call, walk
+    return kind == "f" and any(isinstance(n, Call) and n.func in VECTOR_MATH
+                               for n in walk(eq.rhs))
 
 
 def jam_choice(eq: Equation, loops: tuple, ranges: dict, guards, out_dtype: str,

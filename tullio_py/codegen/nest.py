@@ -49,6 +49,7 @@ class Nest:
             out.add(f"_na = max(_stop_{a} - _start_{a}, 0)\n_nb = max(_stop_{b} - _start_{b}, 0)")
             out.add(f"for _ab in _prange(_na * _nb):")
             out.depth += 1
+            self.wide()
             out.add(f"{a} = _start_{a} + _ab // _nb\n{b} = _start_{b} + _ab % _nb")
             self.opened += [a, b]
             if hoist:
@@ -71,10 +72,19 @@ class Nest:
             out.add(head)
         out.depth += 1
         self.opened.append(loop.index)
+        if k == 0 and not chunked:
+            self.wide()
         for c in checks:
             out.add(c)
         if hoist:
             self.emit_hoists(k)
+
+    def wide(self):
+        """Inside the outermost loop (the body a parallel loop is compiled into): 512-bit
+        vectors for a plan that asks for them (Plan.wide; the register-blocked renderer marks
+        its own loops)."""
+        if self.plan.wide and not self.plan.jam:
+            self.out.add("_wide_vectors()")
 
     def open_range(self, ks, hoist: bool = True, chunks: bool = True):
         i = 0
@@ -99,5 +109,6 @@ class Nest:
             out.add(prepare)
         out.add("for _c in _prange(_nc):")
         out.depth += 1
+        self.wide()
         out.add(f"_clo = _start_{v} + (_n_c * _c) // _nc\n"
                 f"_chi = _start_{v} + (_n_c * (_c + 1)) // _nc")
