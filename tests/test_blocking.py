@@ -272,6 +272,23 @@ def test_gradient_relaid_blocked_equals_numpy_and_plain(expr, strided, monkeypat
 
 
 # ----------------------------------------------------------------------------- 512-bit tiles
+VECTOR_BYTES = jit.vector_bytes      # (the fixture above replaces it in every test)
+
+
+def test_vector_bytes_follow_numba_target(monkeypatch):
+    """64 only where numba compiles for AVX-512: its target features, else the host's unless
+    a CPU name is set or AVX is switched off."""
+    from numba.core import config
+    for features, name, avx, want in [("+avx2,+avx512f", None, True, 64),
+                                      ("+avx2,-avx512f", None, True, 32),
+                                      (None, "generic", True, 32), (None, None, False, 32)]:
+        monkeypatch.setattr(jit, "_VECTOR_BYTES", [])
+        monkeypatch.setattr(config, "CPU_FEATURES", features)
+        monkeypatch.setattr(config, "CPU_NAME", name)
+        monkeypatch.setattr(config, "ENABLE_AVX", avx)
+        assert VECTOR_BYTES() == want, (features, name, avx)
+
+
 WIDE = {t: kernel(MM, blas=False, threads=t) for t in (True, 1)}     # (KERNELS' MM kernels:
 WIDE_CASES = {   # name: (A, B, jam factor, lanes)             # shapes unlike MM_CASES')
     "f64 odd 37x45x43": (rnd(37, 45), rnd(45, 43, seed=1), 8, 16),

@@ -137,8 +137,9 @@ def vector_bytes() -> int:
         from llvmlite import binding
         from numba.core import config
         features = config.CPU_FEATURES
-        if features is None:
-            features = binding.get_host_cpu_features().flatten() if config.CPU_NAME is None else ""
+        if features is None:        # (numba's own choices: a named CPU, AVX switched off)
+            features = (binding.get_host_cpu_features().flatten()
+                        if config.CPU_NAME is None and config.ENABLE_AVX else "")
         _VECTOR_BYTES.append(64 if "+avx512f" in features.split(",") else 32)
     return _VECTOR_BYTES[0]
 
