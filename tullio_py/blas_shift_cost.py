@@ -17,10 +17,13 @@ from __future__ import annotations
 from itertools import pairwise
 
 # Measured by benchmarks/blas_shift_costs.py --threads 1 (float32, OpenBLAS 0.3.31 SkylakeX via
-# numpy 2, 2-core AVX-512 machine shared with other jobs, load average 1.5-2): PEAK, H, T_CALL
-# from a fit of np.matmul times; T_STEP one step of the loop; BW a 16 MB copy, BW_CACHE a
-# 256 KB one repeated; LOOP_RATE the generated loops (blas=False) on conv1d / conv2d.
-# `--validate` timed every candidate of the conv1d / conv2d forward and gradient statements.
+# numpy 2, 2-core AVX-512 machine shared with other jobs, load average 2): PEAK 1.45e11, H 2.85,
+# T_CALL 8.1e-7 from a fit of np.matmul times (median error 10%); T_STEP 2.45e-6 one step of
+# the loop; BW 1.37e10 a 16 MB copy, BW_CACHE 2.4e10 a 256 KB one repeated; LOOP_RATE 6.5e9
+# the generated loops (blas=False) on conv1d / conv2d (the earlier 3.4e9 was measured at load
+# 8-11).  `--validate` timed the candidates of 11 conv1d / conv2d / depthwise forward and
+# gradient statements (load 7-9): the model picked the fastest in all 11 (load 2-2.5, before
+# CACHE was raised to the L2 size: 5 of 11, at most 1.94x off, the NHWC forward).
 PEAK = 1.45e11
 H = 2.9
 T_CALL = 8.1e-7
