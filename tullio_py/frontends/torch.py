@@ -143,12 +143,7 @@ def _complex_of(dt: torch.dtype) -> torch.dtype:
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    if not _TORCH:
-        _TORCH.update({np.dtype(v): k for k, v in _NUMPY.items() if k not in HALF})
     return _TORCH[np.dtype(dt)]
-
-
-_TORCH: dict = {}       # numpy dtype -> torch dtype
 
 
 def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
@@ -260,6 +255,7 @@ _NUMPY = {torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torc
           torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float32,
           torch.bfloat16: np.float32, torch.float32: np.float32, torch.float64: np.float64,
           torch.complex64: np.complex64, torch.complex128: np.complex128}
+_TORCH = {np.dtype(v): k for k, v in _NUMPY.items() if k not in HALF}   # numpy dtype -> torch dtype
 
 
 def np_compute_dtype(dt: torch.dtype) -> np.dtype:
