@@ -66,7 +66,7 @@ def kinds(plan):
 # (These arrays are small: no threads, so no register blocking.)  The matmul's are pure
 # contractions over whole arrays: BLAS when blas=True, whatever fuse says; else one by one,
 # both register-blocked: dB[j,k] += A[i,j] * dC[i,k] as it is, dA[i,j] += dC[i,k] * B[j,k]
-# reading a copy of B with j last (vjp_plan.relaid), so it is not fused with dB.
+# (with fuse=True) reading a copy of B with j last (vjp_plan.relaid), not fused with dB.
 @pytest.mark.parametrize("expr,arrays,options,want", [
     (CONV, conv_arrays, dict(fuse=True, blas=True), [("fused", ["dx", "dW"])]),
     (CONV, conv_arrays, dict(fuse=True, blas=False), [("fused", ["dx", "dW"])]),

@@ -104,8 +104,8 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
     device, or stand-ins of their shape, dtype and strides) and scalars the statements read,
     by name; `inputs`: input -> array (or 0-d parameter) whose gradient is wanted.
     `kernel_for` (CPU): statement -> Kernel, whose BLAS and loop plans choose the steps, with
-    `fuse` whether statements sharing their loops run as one nest; None: one "loops" step
-    per statement."""
+    `fuse` whether statements sharing their loops run as one nest and statements may read
+    relaid copies (`relaid`); None: one "loops" step per statement."""
     values = dict(values)
     arrays, statements = [], []
     whole = frozen_ranges(rng)
@@ -123,9 +123,10 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
     if kernel_for is None:
         steps = tuple(Step("loops", (k,)) for k in range(len(statements)))
     else:
-        statements = statements[:len(d.helpers)] + [
-            relaid(s, kernel_for, values, params) for s in statements[len(d.helpers):]]
-        arrays, statements = relaid_overwrites(arrays, statements)
+        if fuse:        # (fuse=False: each statement's own kernel, as printed)
+            statements = statements[:len(d.helpers)] + [
+                relaid(s, kernel_for, values, params) for s in statements[len(d.helpers):]]
+            arrays, statements = relaid_overwrites(arrays, statements)
         steps = choose(statements, len(d.helpers), [kernel_for(s.equation) for s in statements],
                        values, params, fuse)
     statements = tuple(statements)
