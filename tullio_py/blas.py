@@ -7,12 +7,22 @@ of BLAS speed on large contractions, so such statements dispatch there when the 
 the option `blas=False` keeps the generated loops.  Gradients of a contraction are contractions
 too (`dA[i,j] += dC[i,k] * B[j,k]`), so gradient equations run through `tullio` dispatch alike.
 
+Two reads whose indices split into batch (both reads and the left), m (first read and the
+left), k (both reads, summed) and n (second read and the left) are one batched matrix product
+(`Matmul`): `s[b,h,i,j] := q[b,h,i,d] * k[b,h,j,d]` is q[b,h] @ k[b,h].T for every (b,h).  It
+runs as one `np.matmul` over transposed views, written straight into a C-ordered output in
+the left-hand order (einsum would return a transposed result, which makes every later
+statement reading it stride through memory), with the scale factors applied in place.  A
+frontend may supply its own batched gemm for the duration of its calls (`gemm_provider`):
+torch's, on torch's threads, for calls with torch tensors.
+
 Not dispatched: functions, masks, shifts, gathers, pads, other reductions, finalisers, `*=`,
 `ranges=`, integer arrays (numpy's einsum has no integer BLAS), an output also read on the right,
 or a left index that no factor uses (a broadcast).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +41,18 @@ class Contraction:
     scale: tuple                # Param names and constants multiplying the product
     indices: tuple[str, ...]    # every index (the work is the product of their extents)
     tensordot: tuple | None = None   # (axes, permutation): two operands without a batch index
+    matmul: Matmul | None = None   # two operands as one (batched) matrix product
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """out[batch..., m..., n...] = A[batch..., m..., k...] @ B[batch..., k..., n...]: each
+    permutation takes an array's axes (the output's: left-hand order) to that order; `groups`
+    = (batch, m, k, n) counts (m, k or n may hold several indices: merged by a reshape)."""
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    out: tuple[int, ...]
+    groups: tuple[int, int, int, int]
 
 
 def factors(e) -> list:
@@ -72,8 +94,27 @@ def contraction(eq: Equation) -> Contraction | None:
             return None
     spec = (",".join("".join(letters[s.names[0]] for s in a.indices) for a in reads)
             + "->" + "".join(letters[n] for n in left))
+    mm = _matmul(reads, left)
     return Contraction(spec, tuple(a.array for a in reads), tuple(scale), eq.indices,
-                       _tensordot(reads, left))
+                       None if mm is not None else _tensordot(reads, left), mm)
+
+
+def _matmul(reads, left) -> Matmul | None:
+    """The batched matrix product form of two reads, when every index is batch, m, k or n."""
+    if len(reads) != 2:
+        return None
+    a, b = ([s.names[0] for s in r.indices] for r in reads)
+    if len(set(a)) != len(a) or len(set(b)) != len(b):
+        return None
+    batch = [n for n in left if n in a and n in b]
+    m = [n for n in left if n in a and n not in b]
+    n_ = [n for n in left if n in b and n not in a]
+    k = [n for n in a if n in b and n not in left]
+    if not k or set(a) != set(batch + m + k) or set(b) != set(batch + k + n_):
+        return None
+    return Matmul(tuple(a.index(x) for x in batch + m + k), tuple(b.index(x) for x in batch + k + n_),
+                  tuple(left.index(x) for x in batch + m + n_),
+                  (len(batch), len(m), len(k), len(n_)))
 
 
 def _tensordot(reads, left):
@@ -103,6 +144,8 @@ def worth(c: Contraction, ranges: dict, arrays: dict) -> bool:
 def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
     """Evaluate the contraction with numpy; returns the new array (`:=` without `out`) or the
     updated `out` (a `:=` given an output, as run_with_ranges gives one, overwrites it like `=`)."""
+    if c.matmul is not None:
+        return _run_matmul(c, eq, arrays, dtype, out)
     if c.tensordot is not None:
         axes, perm = c.tensordot
         res = np.tensordot(arrays[c.operands[0]], arrays[c.operands[1]], axes=axes)
@@ -119,4 +162,96 @@ def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
         out += res
     else:
         out -= res
+    return out
+
+
+# ----------------------------------------------------------------------------- batched gemm
+gemms = threading.local()     # .f: the provider of the calls from this Python thread
+
+
+class gemm_provider:
+    """`with gemm_provider(f):` batched matrix products of the contractions called from this
+    Python thread go first to `f(a, b, out, alpha, beta)`, which computes
+    out = alpha * (a @ b) + beta * out for numpy arrays a (..., M, K), b (..., K, N) and a
+    view out (..., M, N) (beta 0: out is overwritten) and returns True, or returns False to
+    leave the call to numpy."""
+    __slots__ = ("f", "old")
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        self.old = getattr(gemms, "f", None)
+        gemms.f = self.f
+        return self
+
+    def __exit__(self, *exc):
+        gemms.f = self.old
+
+
+def _merge(x: np.ndarray, lead: int, first: int):
+    """x (lead axes, then two groups: `first` axes and the rest) as lead + 2 axes."""
+    s = x.shape
+    return x.reshape(s[:lead] + (int(np.prod(s[lead:lead + first])),
+                                 int(np.prod(s[lead + first:]))))
+
+
+def _out_view(o: np.ndarray, mm: Matmul):
+    """The output (left-hand order) as (batch..., M, N) without copying, or None."""
+    nb, nm, _, _ = mm.groups
+    v = o.transpose(mm.out)
+    r = v.reshape(v.shape[:nb] + (int(np.prod(v.shape[nb:nb + nm])),
+                                  int(np.prod(v.shape[nb + nm:]))))
+    return r if o.size == 0 or np.may_share_memory(r, o) else None   # (reshape copied)
+
+
+def _scale(c: Contraction, arrays: dict):
+    """The product of the scale factors as one Python number, or None when one is not a
+    plain real or complex number."""
+    alpha = 1
+    for s in c.scale:
+        v = arrays[s] if isinstance(s, str) else s
+        v = v.item() if isinstance(v, np.ndarray | np.generic) else v
+        if not isinstance(v, int | float | complex) or isinstance(v, bool):
+            return None
+        alpha = alpha * v
+    return alpha
+
+
+def _run_matmul(c: Contraction, eq: Equation, arrays: dict, dtype, out):
+    mm = c.matmul
+    nb, nm, nk, _ = mm.groups
+    a = _merge(arrays[c.operands[0]].transpose(mm.a), nb, nm)
+    b = _merge(arrays[c.operands[1]].transpose(mm.b), nb, nk)
+    if out is None:                 # C-ordered in the left-hand order
+        by_axis = (a.shape[:nb] + arrays[c.operands[0]].transpose(mm.a).shape[nb:nb + nm]
+                   + arrays[c.operands[1]].transpose(mm.b).shape[nb + nk:])
+        out = np.empty(tuple(by_axis[k] for k in np.argsort(mm.out)), dtype)
+        assign = "="
+    else:
+        assign = "=" if eq.assign == ":=" else eq.assign
+    view = _out_view(out, mm) if out.flags.writeable else None
+    f = getattr(gemms, "f", None)
+    if f is not None and view is not None:
+        alpha = _scale(c, arrays)
+        if (alpha is not None and (not isinstance(alpha, complex) or out.dtype.kind == "c")
+                and f(a, b, view, -alpha if assign == "-=" else alpha, int(assign != "="))):
+            return out
+    if assign == "=" and view is not None and np.can_cast(np.result_type(a, b), out.dtype,
+                                                          "same_kind"):
+        np.matmul(a, b, out=view)
+        for s in c.scale:
+            np.multiply(out, arrays[s] if isinstance(s, str) else s, out=out)
+        return out
+    res = np.matmul(a, b)
+    for s in c.scale:
+        res = res * (arrays[s] if isinstance(s, str) else s)
+    target = view if view is not None else out.transpose(mm.out)
+    res = res.reshape(target.shape)
+    if assign == "=":
+        target[...] = res
+    elif assign == "+=":
+        target += res
+    else:
+        target -= res
     return out

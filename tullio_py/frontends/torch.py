@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
-from .. import jit, memo
+from .. import blas, jit, memo
 from ..errors import ArgumentError, GradientError
 from ..ir import walk
 from . import vjp as vjp_mod
@@ -154,17 +154,51 @@ def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
 # ----------------------------------------------------------------------------- the call
 def torch_threads(f):
     """Run f with torch's intra-op thread count (torch.get_num_threads()) as the thread budget
-    of the kernels it calls: torch and the kernels share one budget of threads."""
+    of the kernels it calls: torch and the kernels share one budget of threads.  Batched
+    matrix products of contractions (blas.py) run on torch's BLAS meanwhile (torch_gemm)."""
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
         if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
             return f(*args, **kwargs)
         n = torch.get_num_threads()
-        if getattr(jit.budgets, "n", None) == n:    # inside a function that set it
-            return f(*args, **kwargs)
-        with jit.thread_budget(n):
+        if getattr(jit.budgets, "n", None) == n and getattr(blas.gemms, "f", None) is torch_gemm:
+            return f(*args, **kwargs)               # inside a function that set both
+        with jit.thread_budget(n), blas.gemm_provider(torch_gemm):
             return f(*args, **kwargs)
     return wrapped
+
+
+def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bool:
+    """out = alpha * (a @ b) + beta * out (beta 0 or 1) on torch's BLAS and thread pool, for
+    the calls of this frontend (blas.gemm_provider): numpy's matmul runs a batch of small
+    products one after another on one thread, torch's batched gemm spreads them over its
+    threads (and torch and the kernels then share one pool of BLAS threads).  False (numpy
+    runs it) for arrays torch cannot view or an output overlapping an input."""
+    for x in (a, b, out):
+        if (x.dtype != out.dtype or x.dtype.kind not in "fc" or not x.dtype.isnative
+                or not x.flags.writeable or any(s < 0 or s % x.itemsize for s in x.strides)):
+            return False
+    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        return False
+    ta, tb, to = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
+    if to.ndim == 2:
+        torch.addmm(to, ta, tb, beta=beta, alpha=alpha, out=to)
+        return True
+    m, k, n = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+    try:
+        o3 = to.view(-1, m, n)
+    except RuntimeError:            # batch axes that do not merge without a copy
+        o3 = None
+    if o3 is not None:
+        torch.baddbmm(o3, ta.reshape(-1, m, k), tb.reshape(-1, k, n), beta=beta, alpha=alpha,
+                      out=o3)
+    elif beta:
+        to.add_(torch.matmul(ta, tb), alpha=alpha)
+    else:
+        torch.matmul(ta, tb, out=to)
+        if alpha != 1:
+            to.mul_(alpha)
+    return True
 
 
 def is_wrapped(t: torch.Tensor) -> bool:
