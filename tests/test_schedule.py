@@ -282,3 +282,19 @@ def test_blocked_reduction_matches_numpy(expr, assign, monkeypatch):
     else:
         want = C0 - 2.0 * A @ B
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_masked_indices_are_not_split():
+    """The indices of a mask `(j <= i)` do unequal work per value (j's clipped loop grows with
+    i): the unmasked b and h are split instead (both short: fused), the loop order kept; odd
+    sizes and a strided input against the reference; the same plan for the same signature."""
+    expr = "e[b,h,i,j] := exp(s[b,h,i,j] - m[b,h,i]) * (j <= i)"
+    arrays = dict(s=rnd(5, 3, 21, 24)[:, :, :, 1:22], m=rnd(5, 3, 21))
+    k, got = _call(expr, arrays, threads=True)
+    plan = k._last.plan
+    assert [lp.index for lp in plan.loops] == ["b", "h", "i", "j"] and plan.collapse == ("b", "h")
+    rng = k.ranges(**arrays)
+    np.testing.assert_allclose(got, evaluate(parse(expr), arrays, rng, None), rtol=1e-12,
+                               atol=1e-12)
+    again = [k._plan_for(arrays, rng, np.dtype(np.float64), got.shape)[:2] for _ in range(2)]
+    assert again[0] == again[1] and again[0][0] == plan

@@ -203,12 +203,17 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         if work >= PARALLEL_WORK_THRESHOLD:
             safe = safe_indices(eq)
             cands = [n for n in order if n in safe and n != row and len(ranges[n]) >= 2]
+            guarded_idx = {n for g in guards for n in g.expr.names}
             if cands:
-                parallel = max(cands, key=lambda n: len(ranges[n]))
+                # The indices of a triangular mask do unequal work per value, and moving one
+                # outermost breaks the memory order: split others when there are (causal
+                # attention's e[b,h,i,j]: b and h fused, 0.85 -> 0.57 ms, rather than i).
+                tri = triangular(eq)
+                plain = [n for n in cands if n not in tri]
+                parallel = max(plain or cands, key=lambda n: len(ranges[n]))
                 order.remove(parallel)
                 order.insert(0, parallel)
-                others = [n for n in cands if n != parallel]
-                guarded_idx = {n for g in guards for n in g.expr.names}
+                others = [n for n in (plain or cands) if n != parallel]
                 # A short parallel loop leaves threads idle: fuse it with the next safe loop.
                 if (len(ranges[parallel]) < SHORT and others and parallel not in guarded_idx
                         and others[0] not in guarded_idx):
@@ -265,6 +270,28 @@ def _vector_math(eq: Equation, kind: str) -> bool:
     from .ir import Call, walk
     return kind == "f" and any(isinstance(n, Call) and n.func in VECTOR_MATH
                                for n in walk(eq.rhs))
+
+
+def triangular(eq: Equation) -> set[str]:
+    """The indices of a mask that bounds a combination of loop indices on one side only
+    (`(j <= i)`: j's clipped loop grows with i, so the values of i, or of j, do unequal
+    work); a band bounded on both sides (`lo <= p - i < hi`, as the shifted left-hand side
+    rewrite writes) does about the same work for every value."""
+    gs = [g for f in top_factors(eq.rhs) for g in mask_guards(f) or ()
+          if len(g.expr.names) > 1 and g.cond is None]
+    bounded = {}
+    for g in gs:
+        key = frozenset(g.expr.terms)
+        bounded.setdefault(key, set()).add("hi" if g.hi is not None else "lo")
+        if g.lo is not None and g.hi is not None:
+            bounded[key].add("lo")
+    out = set()
+    for g in gs:
+        key, neg = frozenset(g.expr.terms), frozenset((n, -c) for n, c in g.expr.terms)
+        sides = bounded[key] | {"lo" if s == "hi" else "hi" for s in bounded.get(neg, ())}
+        if len(sides) < 2:
+            out |= set(g.expr.names)
+    return out
 
 
 def jam_choice(eq: Equation, loops: tuple, ranges: dict, guards, out_dtype: str,
