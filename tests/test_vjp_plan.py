@@ -243,3 +243,25 @@ def test_gradient_written_without_zeroing(expr, arrays, options, written, want):
         assert " += " in s.text                      # printed and recorded as derived
     for n, g in want(a, cot).items():
         np.testing.assert_allclose(grads[n], g, rtol=1e-12, atol=1e-12)
+
+
+def test_blas_gradient_written_without_zeroing(monkeypatch):
+    """A gradient whose one statement BLAS runs as a contraction over whole arrays is
+    allocated unfilled (NaN here: BLAS must write every element) and assigned; two statements
+    into one array (dA of A*A), or loops (blas=False), keep zeroing."""
+    real = vjp_run.Host.zeros
+    monkeypatch.setattr(vjp_run.Host, "zeros", lambda self, a: np.full(a.shape, np.nan, a.dtype)
+                        if a.written else real(self, a))
+    arrays = matmul_arrays()
+    _, plan, cot, grads = plan_of(MATMUL, {}, arrays)
+    assert kinds(plan) == [("blas", ["dA"]), ("blas", ["dB"])]
+    assert [a.name for a in plan.arrays if a.written] == ["dA", "dB"]
+    assert all(s.equation.assign == "=" and " += " in s.text for s in plan.statements)
+    np.testing.assert_allclose(grads["A"], cot @ arrays["B"].T, rtol=1e-12)
+    np.testing.assert_allclose(grads["B"], arrays["A"].T @ cot, rtol=1e-12)
+    A = R.standard_normal((N, N))
+    _, plan, cot, grads = plan_of("C[i,k] := A[i,j] * A[j,k]", {}, dict(A=A))
+    assert not any(a.written for a in plan.arrays)
+    np.testing.assert_allclose(grads["A"], cot @ A.T + A.T @ cot, rtol=1e-12)
+    _, plan, _, _ = plan_of(MATMUL, dict(blas=False), arrays)
+    assert not any(a.written for a in plan.arrays)

@@ -141,6 +141,17 @@ def worth(c: Contraction, ranges: dict, arrays: dict) -> bool:
     return work >= MIN_WORK and all(arrays[n].dtype.kind in "fc" for n in c.operands)
 
 
+def covers(eq: Equation, rng: dict, arrays: dict, out_shape) -> bool:
+    """Every bare index runs over exactly the whole extent of each dimension it indexes."""
+    for acc in [eq.lhs] + eq.accesses():
+        shape = out_shape if acc.array == eq.output else np.shape(arrays[acc.array])
+        for d, s in enumerate(acc.indices):
+            r = rng.get(s.names[0]) if isinstance(s, Affine) and s.is_bare else None
+            if r is None or r.step != 1 or r.start != 0 or r.stop != shape[d]:
+                return False
+    return True
+
+
 def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
     """Evaluate the contraction with numpy; returns the new array (`:=` without `out`) or the
     updated `out` (a `:=` given an output, as run_with_ranges gives one, overwrites it like `=`)."""

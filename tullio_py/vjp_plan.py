@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import bind as binding, grad as grad_mod, schedule
+from . import bind as binding, blas, grad as grad_mod, schedule
 from .codegen import Source, fused, range_argument
 from .ir import Access, Affine, Compare, Equation, Gather, Wrapped, map_expr
 
@@ -116,7 +116,8 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
         statements.append(Statement(h, str(h), h.output, whole))
     for name, gname, shape, dtype, eqs in gradient_arrays(d, rng, inputs, cot_dtype, complex_mode):
         values[gname] = standin(shape, dtype)
-        written = kernel_for is not None and len(eqs) == 1 and overwrites(*eqs[0], shape)
+        written = kernel_for is not None and len(eqs) == 1 and (
+            overwrites(*eqs[0], shape) or whole_blas(*eqs[0], kernel_for, values, params))
         arrays.append(Array(gname, shape, dtype, name, written))
         statements += [Statement(replace(g, assign="=") if written else g, str(g), gname,
                                  frozen_ranges(grng)) for g, grng in eqs]
@@ -279,6 +280,18 @@ def overwrites(g: Equation, rng: dict, shape, reductions: bool = False) -> bool:
             or any(isinstance(f, Compare) for f in schedule.top_factors(g.rhs)):
         return False
     return all(rng[n] == range(0, m) for n, m in zip(names, shape))
+
+
+def whole_blas(g: Equation, rng: dict, kernel_for, values: dict, params: dict) -> bool:
+    """Whether gradient statement `g`, alone on its array, is a contraction its kernel hands
+    to BLAS over whole arrays (blas.py): BLAS writes every element, so `=` into an unzeroed
+    array gives the same values (attention's dq, dk, dp, dv: gemms with beta 0 instead of
+    zero-filling 2-4 MB each and adding to it)."""
+    c = kernel_for(g).blas_plan
+    if g.assign != "+=" or c is None:
+        return False
+    arrays = pick(g, values, params)
+    return blas.worth(c, rng, arrays) and blas.covers(g, rng, arrays, values[g.output].shape)
 
 
 def standin(shape, dtype) -> np.ndarray:

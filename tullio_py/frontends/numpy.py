@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import bind as binding
 from .. import blas, codegen, jit, overlap, schedule
-from ..ir import Affine, Equation, Gather
+from ..ir import Equation, Gather
 
 
 def wants(arrays: dict, kernel=None) -> bool:
@@ -118,10 +118,4 @@ def shift_threads(kernel) -> int:
 
 def covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bool:
     """Every bare index runs over exactly the whole extent of each dimension it indexes."""
-    for acc in [eq.lhs] + eq.accesses():
-        shape = out.shape if acc.array == eq.output else np.shape(arrays[acc.array])
-        for d, s in enumerate(acc.indices):
-            r = rng.get(s.names[0]) if isinstance(s, Affine) and s.is_bare else None
-            if r is None or r.step != 1 or r.start != 0 or r.stop != shape[d]:
-                return False
-    return True
+    return blas.covers(eq, rng, arrays, out.shape)
