@@ -248,7 +248,7 @@ def test_gradient_written_without_zeroing(expr, arrays, options, written, want):
 def test_blas_gradient_written_without_zeroing(monkeypatch):
     """A gradient whose one statement BLAS runs as a contraction over whole arrays is
     allocated unfilled (NaN here: BLAS must write every element) and assigned; two statements
-    into one array (dA of A*A), or loops (blas=False), keep zeroing."""
+    into one array (dA of A*A) keep zeroing."""
     real = vjp_run.Host.zeros
     monkeypatch.setattr(vjp_run.Host, "zeros", lambda self, a: np.full(a.shape, np.nan, a.dtype)
                         if a.written else real(self, a))
@@ -263,5 +263,3 @@ def test_blas_gradient_written_without_zeroing(monkeypatch):
     _, plan, cot, grads = plan_of("C[i,k] := A[i,j] * A[j,k]", {}, dict(A=A))
     assert not any(a.written for a in plan.arrays)
     np.testing.assert_allclose(grads["A"], cot @ A.T + A.T @ cot, rtol=1e-12)
-    _, plan, _, _ = plan_of(MATMUL, dict(blas=False), arrays)
-    assert not any(a.written for a in plan.arrays)
