@@ -242,6 +242,11 @@ def _run_matmul(c: Contraction, eq: Equation, arrays: dict, dtype, out):
     else:
         assign = "=" if eq.assign == ":=" else eq.assign
     view = _out_view(out, mm) if out.flags.writeable else None
+    if view is not None and view.ndim >= 2 and view.strides[-1] != view.itemsize \
+            and view.strides[-2] == view.itemsize:
+        # a column-major result (dv[b,h,j,d] += do[b,h,i,d] * p[b,h,i,j]): out^T = b^T a^T,
+        # so the gemm writes rows (torch's batched gemm into a transposed output took 100x)
+        a, b, view = b.swapaxes(-1, -2), a.swapaxes(-1, -2), view.swapaxes(-1, -2)
     f = getattr(gemms, "f", None)
     if f is not None and view is not None:
         alpha = _scale(c, arrays)
