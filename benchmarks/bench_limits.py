@@ -90,6 +90,7 @@ def measure(threads: int) -> list[dict]:
             for g in kernels:
                 ga = {n: v for n, v in arrays.items()}
                 ga["d" + k.equation.output] = cot
+                ga[k.equation.output] = out      # a gradient may read the forward's output
                 ga[g.equation.output] = np.zeros(shapes[name], np.float32)
                 ga = {n: v for n, v in ga.items()
                       if n in g.equation.arrays or n in g.equation.params or n == g.equation.output}
