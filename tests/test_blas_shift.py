@@ -210,3 +210,27 @@ def test_pure_contraction_into_a_given_array():
     out = np.full((64, 64), np.nan)
     assert k.run_with_ranges({"A": A, "B": B}, k.ranges(A=A, B=B), out, {}) is None
     np.testing.assert_allclose(out, A @ B, rtol=1e-12)
+
+
+def test_register_blocked_loops_are_weighed_at_their_own_rate():
+    """A statement that has both a BLAS-over-views plan and register-blocked loops: the cost
+    model weighs the loops at the blocked rate, so on one thread the local convolution keeps
+    its blocked loops (at the plain-loop rate it went to a 30-step im2col plan, 1.7x slower).
+    The same signature asked with plain loops still gets the BLAS plan."""
+    expr = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]"
+    x = R.standard_normal((32, 32, 8, 16)).astype(np.float32)
+    W = R.standard_normal((32, 32, 3, 3, 8, 16)).astype(np.float32)
+    arrays = {"x": x, "W": W}
+    k = Kernel(expr, threads=1)
+    rng = k.ranges(**arrays)
+    shape = (30, 30, 16, 16)
+    strides = np.empty(shape, np.float32).strides
+    plain = Kernel(expr, threads=1).shift_plan.plan(arrays, rng, shape, strides,
+                                                    np.dtype(np.float32), 1, lambda: False)
+    assert plain is not None                      # the plain-loop rate loses to BLAS
+    assert k.shift_plan.plan(arrays, rng, shape, strides, np.dtype(np.float32), 1,
+                             lambda: True) is None
+    e = k.explain(**arrays)
+    assert e.path == "loops" and "register-blocked" in e.detail
+    np.testing.assert_allclose(k(**arrays), kernel(expr, blas=False)(**arrays), rtol=1e-4,
+                               atol=1e-4)

@@ -66,19 +66,22 @@ class Shifted:
         self.read_names = tuple(dict.fromkeys(a.array for a in reads))  # what plans depend on
 
     # ------------------------------------------------------------------ per call
-    def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1):
+    def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1,
+             blocked=None):
         """The plan for this call signature, or None (the loops run it).  `loop_threads`: the
-        threads the generated loops would run on (they share the work; BLAS must beat that)."""
+        threads the generated loops would run on (they share the work; BLAS must beat that).
+        `blocked()`: whether those loops are register-blocked (asked only when a plan is
+        chosen; a fact of the same call signature, so the memo stays right)."""
         key = CallSignature.of(arrays, rng, dtype, out_shape, (loop_threads, tuple(out_strides)),
                                self.read_names)
         try:
             return self.plans[key]
         except KeyError:
             p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype,
-                                          loop_threads)
+                                          loop_threads, blocked)
             return p
 
-    def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1):
+    def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1, blocked=None):
         """Run through BLAS if the plan says so: the output (new when `out` is None, else
         `out`, updated) or None when the generated loops should run it instead (nothing was
         written).  A `:=` statement given an output (run_with_ranges) overwrites the elements
@@ -90,7 +93,7 @@ class Shifted:
             strides = _c_strides(shape, dtype.itemsize)
         else:
             shape, strides, dtype = out.shape, out.strides, out.dtype
-        p = self.plan(arrays, rng, shape, strides, dtype, loop_threads)
+        p = self.plan(arrays, rng, shape, strides, dtype, loop_threads, blocked)
         if p is None:
             return None
         # When each step covers its own elements, `:=` and `=` store the product (matmul
@@ -191,18 +194,22 @@ def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
                  tuple(S.index(n) for n in labels if n in S), span)
 
 
-def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_threads=1):
+def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_threads=1,
+            blocked=None):
     """The cheapest plan over every valid S and operand arrangement, or None.  LOOP_RATE is
     one thread's: loops on n threads run about n times faster (bench_suite: the local
     convolution's loops 2.0x on 2 threads), which the comparison must count, or a statement
-    whose loops scale well is sent to many small gemms that do not."""
+    whose loops scale well is sent to many small gemms that do not.  Register-blocked loops
+    (`blocked()`) run at BLOCKED_RATE instead."""
     plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype)
     threaded = loop_threads > 1 and blas_threads.available()
     best = min(plans, key=lambda p: p.cost / (min(loop_threads, p.steps[0])
                                               if threaded and p.split else 1), default=None)
+    if best is None:
+        return None
     work = _prod(len(rng[n]) for n in sh.eq.indices)
-    if best is None or model.MARGIN * best.cost > 2.0 * work / (model.LOOP_RATE *
-                                                                 max(1, loop_threads)):
+    rate = model.BLOCKED_RATE if blocked is not None and blocked() else model.LOOP_RATE
+    if model.MARGIN * best.cost > 2.0 * work / (rate * max(1, loop_threads)):
         return None
     return best
 

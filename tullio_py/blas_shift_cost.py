@@ -33,6 +33,12 @@ BW_CACHE = 2.4e10
 CACHE = 2 << 20     # bytes one step's copy may take and stay in the cache (L2 of this machine)
 LINE = 64           # bytes a strided access moves at most per element (a cache line)
 LOOP_RATE = 6.5e9
+# The register-blocked loops (Plan.jam) per thread: the slowest of the blocked forwards in
+# benchmarks/bench_limits.py (2 threads, load 1.2): LocallyConnected2d 77 GFLOP/s, the local
+# convolution 106, matmul 235 -> 3.8e10 flop/s per thread.  Against the plain loops' rate the
+# model sent the local convolution on one thread to a 30-step im2col plan (1.04 ms) instead
+# of its blocked loops (about 0.6 ms).
+BLOCKED_RATE = 3.8e10
 # BLAS must beat the loops by this factor: measured times of many small gemms run above the
 # model's (a depthwise conv, gemms of 1x5x8192, modelled 1.5 ms, took 7 ms).
 MARGIN = 2.0

@@ -78,9 +78,11 @@ def _path(k, arrays, rng, out, shape, dtype):
     if k.shift_plan is not None:
         strides = out.strides if out is not None else tuple(
             np.empty(shape, dtype).strides)
-        from .frontends.numpy import shift_threads
+        from .frontends.numpy import loops_blocked, shift_threads
         n = shift_threads(k)
-        p = k.shift_plan.plan(arrays, rng, shape, strides, dtype, n)
+        loop_arrays = {a: v for a, v in arrays.items() if a not in k.equation.params}
+        p = k.shift_plan.plan(arrays, rng, shape, strides, dtype, n,
+                              loops_blocked(k, loop_arrays, rng, dtype, shape))
         if p is not None:
             how = (f"loop over {', '.join(p.loop)} ({int(np.prod(p.steps))} steps) of "
                    if p.loop else "one ")

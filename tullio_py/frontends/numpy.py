@@ -85,8 +85,8 @@ def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: di
         blas.run(kernel.blas_plan, kernel.equation, {**arrays, **params}, out.dtype, out)
         return None
     if kernel.shift_plan is not None and kernel.shift_plan.call(
-            {**arrays, **params}, rng, out, out.dtype, kernel.pad,
-            shift_threads(kernel)) is not None:
+            {**arrays, **params}, rng, out, out.dtype, kernel.pad, shift_threads(kernel),
+            loops_blocked(kernel, arrays, rng, out.dtype, out.shape)) is not None:
         return None
     prepared, call_ranges, extra = kernel.prepare(arrays, rng, out.dtype, out.shape)
     launch(kernel, prepared, arguments(prepared, {**arrays, **params}, out, call_ranges, extra))
@@ -99,13 +99,28 @@ def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
         return True
     return (kernel.shift_plan is not None and out.flags.writeable
             and kernel.shift_plan.plan(arrays, rng, out.shape, out.strides, out.dtype,
-                                       shift_threads(kernel)) is not None)
+                                       shift_threads(kernel),
+                                       loops_blocked(kernel, arrays, rng, out.dtype, out.shape))
+            is not None)
 
 
 def whole_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
     """A pure contraction whose ranges cover every array, worth running through BLAS."""
     return (kernel.blas_plan is not None and covers_arrays(kernel.equation, rng, arrays, out)
             and blas.worth(kernel.blas_plan, rng, arrays))
+
+
+def loops_blocked(kernel, arrays: dict, rng: dict, dtype, shape):
+    """blas_shift's question, asked only when it has a plan to weigh: would the generated
+    loops of this call be register-blocked (Plan.jam), and so several times faster than plain
+    loops?  A planning failure answers no (the plain-loop rate, the older rule); the loops
+    report it themselves if they run."""
+    def blocked() -> bool:
+        try:
+            return bool(kernel.plan_for(arrays, rng, dtype, shape)[0].jam)
+        except Exception:       # noqa: BLE001  (a cost question only; see above)
+            return False
+    return blocked
 
 
 def shift_threads(kernel) -> int:
