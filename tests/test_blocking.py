@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+from plan_variant import run_variant  # noqa: E402
 from reference import evaluate  # noqa: E402
 
 from tullio_py import codegen, jit, kernel, schedule  # noqa: E402
@@ -60,21 +61,8 @@ def _run(k, arrays):
         got = np.asarray(k(**arrays))
     inputs = {n: v for n, v in before.items() if n != eq.output}
     given = {n: v for n, v in before.items() if n != eq.output or eq.assign != ":="}
-    plan, key, low = k.plan_for(given, k.ranges(**given), got.dtype, got.shape)
-    src = codegen.render(replace(plan, jam=()))
-    fn = jit.load(src, "cpu", signature="plain " + repr(key))
     out = before[eq.output].copy() if eq.output in before else np.zeros_like(got)
-    args = []
-    for a in src.args:
-        if a == eq.output:
-            args.append(out)
-        elif a.startswith(("_start_", "_stop_")):
-            args.append(codegen.range_argument(a, low.ranges))
-        elif a in low.bound_params:
-            args.append(low.bound_params[a])
-        else:
-            args.append(inputs[a])
-    fn(*args)
+    plan = run_variant(k, given, got, inputs, out, jam=())
     return got, plan, out
 
 
@@ -109,6 +97,21 @@ MM_CASES = {   # name: (A, B, lanes expected or None when the layout changes the
 }
 
 
+def _check_matmul(got, plain, A, B):
+    """The blocked and the plain result against numpy's A @ B (exactly for integers); returns
+    numpy's result and the tolerance used."""
+    want = np.einsum("ij,jk->ik", A, B)
+    if A.dtype.kind == "i":
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(plain, want)
+        return want, 0
+    tol = 1e-4 if A.dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    return want, tol
+
+
 @pytest.mark.parametrize("threads", [True, 1], ids=["threads", "1 thread"])
 @pytest.mark.parametrize("case", list(MM_CASES))
 def test_matmul_blocked_equals_numpy_and_plain(case, threads):
@@ -116,15 +119,7 @@ def test_matmul_blocked_equals_numpy_and_plain(case, threads):
     got, plan, plain = _run(KERNELS[MM, threads], dict(A=A, B=B))
     if lanes is not None:
         assert plan.jam == ("i", schedule.JAM, lanes), plan
-    want = np.einsum("ij,jk->ik", A, B)
-    if A.dtype.kind == "i":
-        np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(plain, want)
-        return
-    tol = 1e-4 if A.dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    _check_matmul(got, plain, A, B)
 
 
 @pytest.mark.parametrize("expr", [CONV, CONV_SUB])
@@ -322,15 +317,7 @@ def test_wide_tiles_equal_numpy_and_plain(case, threads, monkeypatch):
     got, plan, plain = _run(WIDE[threads], dict(A=A, B=B))
     assert plan.wide and plan.jam == ("i", factor, lanes), plan
     assert "_wide_vectors()" in codegen.render(plan).text
-    want = np.einsum("ij,jk->ik", A, B)
-    if A.dtype.kind == "i":
-        np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(plain, want)
-        return
-    tol = 1e-4 if A.dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    want, tol = _check_matmul(got, plain, A, B)
     if threads is True and case.startswith("f32 odd"):
         python = kernel(MM, blas=False, target="python")(A=A, B=B)
         np.testing.assert_allclose(python, want, rtol=tol, atol=tol)

@@ -7,12 +7,16 @@ split into chunks, on strided and Fortran-ordered inputs, on 1 and 2 threads, fl
 float64, compiled and in plain Python.  The work threshold for threads is lowered to 0 so
 that small arrays take the parallel path; the kernels are module-level and shared.
 """
-from dataclasses import replace
+import os
+import sys
 
 import numpy as np
 import pytest
 
-from tullio_py import codegen, jit, kernel, schedule
+from tullio_py import jit, kernel, schedule
+
+sys.path.insert(0, os.path.dirname(__file__))
+from plan_variant import run_variant  # noqa: E402
 
 NAN, INF = np.nan, np.inf
 
@@ -69,22 +73,8 @@ def _same(got, want):
 def _plain(k, arrays, got):
     """The call's plan without lanes (the plain loop), compiled and run on the same inputs;
     also returns the plan."""
-    eq = k.equation
-    plan, key, low = k.plan_for(arrays, k.ranges(**arrays), got.dtype, got.shape)
-    src = codegen.render(replace(plan, lanes=0))
-    fn = jit.load(src, "cpu", signature="plain " + repr(key))
     out = np.zeros(got.shape or (1,), got.dtype)
-    args = []
-    for a in src.args:
-        if a == eq.output:
-            args.append(out)
-        elif a.startswith(("_start_", "_stop_")):
-            args.append(codegen.range_argument(a, low.ranges))
-        elif a in low.bound_params:
-            args.append(low.bound_params[a])
-        else:
-            args.append(arrays[a])
-    fn(*args)
+    plan = run_variant(k, arrays, got, arrays, out, lanes=0)
     return out.reshape(got.shape), plan
 
 
