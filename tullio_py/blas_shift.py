@@ -345,6 +345,13 @@ def _master(arr: np.ndarray, v: _View, writeable: bool) -> np.ndarray:
     return as_strided(base, v.shape, v.strides, writeable=writeable)
 
 
+def step_threads(p: Plan, threads: int) -> int:
+    """How many threads share the steps of p's first looped index when the call may use
+    `threads` (1: the calling thread runs them all)."""
+    n = min(threads, p.steps[0]) if p.split and p.loop else 1
+    return n if n > 1 and blas_threads.available() else 1
+
+
 def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
         write: bool = False, threads: int = 1):
     """Accumulate the statement into `out` (cleared first where written, for `=` and a
@@ -362,8 +369,8 @@ def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
         scale = scale * (arrays[s] if isinstance(s, str) else s)
     if eq.assign == "-=":
         scale = -scale
-    n = min(threads, p.steps[0]) if p.split and p.loop else 1
-    if n < 2 or not blas_threads.available():
+    n = step_threads(p, threads)
+    if n < 2:
         _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write)
         return out
     cut = [p.steps[0] * k // n for k in range(n + 1)]

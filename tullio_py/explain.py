@@ -19,7 +19,7 @@ import numpy as np
 
 from . import bind as binding
 from . import blas as _blas
-from . import cache, jit, memo
+from . import blas_shift, cache, jit, memo
 from .ir import Binary, Call, Compare, Unary, walk
 
 
@@ -80,16 +80,15 @@ def _path(k, arrays, rng, out, shape, dtype):
             np.empty(shape, dtype).strides)
         from .frontends.numpy import loops_blocked, shift_threads
         n = shift_threads(k)
-        loop_arrays = {a: v for a, v in arrays.items() if a not in k.equation.params}
         p = k.shift_plan.plan(arrays, rng, shape, strides, dtype, n,
-                              loops_blocked(k, loop_arrays, rng, dtype, shape))
+                              loops_blocked(k, arrays, rng, dtype, shape))
         if p is not None:
             how = (f"loop over {', '.join(p.loop)} ({int(np.prod(p.steps))} steps) of "
                    if p.loop else "one ")
             kind = "gemm after an im2col copy" if p.im2col else "np.matmul over strided views"
             col2im = (f", added into the output for each {', '.join(p.scatter)} (col2im)"
                       if p.scatter else "")
-            n = min(n, p.steps[0]) if p.split and p.loop and _shift_threads() else 1
+            n = blas_shift.step_threads(p, n)
             shared = f"; steps of {p.loop[0]} shared by {n} threads" if n > 1 else ""
             return "blas_shift", (f"{how}{kind}, result {p.res_shape}{col2im}{shared}; "
                                   f"model {p.cost * 1e3:.3f} ms"), n
@@ -98,11 +97,6 @@ def _path(k, arrays, rng, out, shape, dtype):
     jam = (f"; register-blocked: {plan.jam[1]} values of {plan.jam[0]} at once, tiles of "
            f"{plan.jam[2]}" if plan.jam else "")
     return "loops", f"generated loops, order {order} (outer to inner){jam}", 1
-
-
-def _shift_threads() -> bool:
-    from . import blas_threads
-    return blas_threads.available()
 
 
 def _times(f, n: int) -> list[float]:
