@@ -256,7 +256,7 @@ def test_gradient_relaid_blocked_equals_numpy_and_plain(expr, strided, monkeypat
     assert relaid == want, relaid
     assert [s.kind for s in plan.steps] == ["loops", "loops"]
     # the layer's dW statement writes every element of dW once, summing b in registers: it
-    # runs as '=' into an unzeroed array (vjp_plan.relaid_overwrites)
+    # runs as '=' into an unzeroed array (vjp_plan.unzeroed)
     assert [(a.name, a.written) for a in plan.arrays] == [("dx", False), ("dW", expr == LAYER)]
     again = Gradient(k)
     again.vjp(cot, x=x, W=W)

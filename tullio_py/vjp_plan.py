@@ -116,18 +116,15 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
         statements.append(Statement(h, str(h), h.output, whole))
     for name, gname, shape, dtype, eqs in gradient_arrays(d, rng, inputs, cot_dtype, complex_mode):
         values[gname] = standin(shape, dtype)
-        written = kernel_for is not None and len(eqs) == 1 and (
-            overwrites(*eqs[0], shape) or whole_blas(*eqs[0], kernel_for, values, params))
-        arrays.append(Array(gname, shape, dtype, name, written))
-        statements += [Statement(replace(g, assign="=") if written else g, str(g), gname,
-                                 frozen_ranges(grng)) for g, grng in eqs]
+        arrays.append(Array(gname, shape, dtype, name))
+        statements += [Statement(g, str(g), gname, frozen_ranges(grng)) for g, grng in eqs]
     if kernel_for is None:
         steps = tuple(Step("loops", (k,)) for k in range(len(statements)))
     else:
         if fuse:        # (fuse=False: each statement's own kernel, as printed)
             statements = statements[:len(d.helpers)] + [
                 relaid(s, kernel_for, values, params) for s in statements[len(d.helpers):]]
-            arrays, statements = relaid_overwrites(arrays, statements)
+        arrays, statements = unzeroed(arrays, statements, kernel_for, values, params)
         steps = choose(statements, len(d.helpers), [kernel_for(s.equation) for s in statements],
                        values, params, fuse)
     statements = tuple(statements)
@@ -216,20 +213,24 @@ def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
     return moved
 
 
-def relaid_overwrites(arrays: list, statements: list) -> tuple[list, list]:
-    """A relaid statement alone on its gradient array that writes every element of it
-    (`overwrites`, reductions allowed) runs as `=` into an unzeroed array: it runs alone, so
-    each element's whole sum is formed before it is stored (LocallyConnected2d's
-    dW[c1,i,j,c2,s,t], summed over b: 4 MB neither zeroed nor read back)."""
+def unzeroed(arrays: list, statements: list, kernel_for, values: dict,
+             params: dict) -> tuple[list, list]:
+    """Gradient arrays whose one statement writes every element run it as `=` into an
+    unzeroed array (Array.written): the statement writes each element once (`overwrites`; a
+    relaid statement runs alone, so it may also sum over reduction indices: each element's
+    whole sum is formed before it is stored, as LocallyConnected2d's dW[c1,i,j,c2,s,t], 4 MB
+    neither zeroed nor read back), or its kernel hands it whole to BLAS (`whole_blas`)."""
     arrays, statements = list(arrays), list(statements)
     for k, s in enumerate(statements):
-        j = next(j for j, a in enumerate(arrays) if a.name == s.output)
-        a = arrays[j]
-        if (s.relayout and a.input is not None and not a.written
-                and sum(x.output == s.output for x in statements) == 1
-                and overwrites(s.equation, as_ranges(s.ranges), a.shape, reductions=True)):
-            arrays[j] = replace(a, written=True)
-            statements[k] = replace(s, equation=replace(s.equation, assign="="))
+        j = next((j for j, a in enumerate(arrays) if a.name == s.output), None)
+        if j is None or arrays[j].input is None or \
+                sum(x.output == s.output for x in statements) != 1:
+            continue
+        g, rng = s.equation, as_ranges(s.ranges)
+        if overwrites(g, rng, arrays[j].shape, reductions=bool(s.relayout)) or (
+                not s.relayout and whole_blas(g, rng, kernel_for, values, params)):
+            arrays[j] = replace(arrays[j], written=True)
+            statements[k] = replace(s, equation=replace(g, assign="="))
     return arrays, statements
 
 
