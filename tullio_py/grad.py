@@ -231,6 +231,7 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
     dout = Access(cot, eq.lhs.indices)
     partials = _partials(c.body, inputs, complex_mode, scalars)
     same = _output_is_body(eq, complex_mode)
+    body = str(c.body)          # the text each node of a partial is compared with
     grads, params = [], list(c.params)
     sign_op = "-=" if eq.assign == "-=" else "+="
     for name in (*inputs, *scalars):
@@ -256,7 +257,7 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
                 if d is None:
                     continue
                 if same is not None:
-                    d = map_expr(d, lambda n: same if str(n) == str(c.body) else n)
+                    d = map_expr(d, lambda n: same if str(n) == body else n)
                 partial = _times(c.factor, d)
                 if c.chosen is not None:
                     partial = Call("where", (c.chosen, partial, Const(0)))
