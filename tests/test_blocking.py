@@ -343,3 +343,20 @@ def test_vector_math_loops_prefer_wide_vectors(expr, build, want, width, monkeyp
     np.testing.assert_allclose(got, want(x.astype(np.float64)), rtol=1e-5)
     plain = kernel(expr, target="python")(**build(x))
     np.testing.assert_allclose(got, plain, rtol=1e-6)
+
+
+def test_prefer_wide_is_optional():
+    """The 512-bit mark is added to llvmlite's attribute set as text; where an llvmlite no
+    longer accepts that, the mark is skipped (the kernel compiles at the default width)
+    instead of failing the compile."""
+    from llvmlite import ir
+    from tullio_py import intrinsics
+
+    module = ir.Module()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), []), "f")
+    assert intrinsics.prefer_wide(fn)
+    assert '"prefer-vector-width"="512"' in str(module)
+
+    class Frozen:
+        attributes = frozenset()
+    assert not intrinsics.prefer_wide(Frozen())

@@ -87,6 +87,17 @@ def register():
         callable_inside(vecmath.FUNCTIONS[name])
 
 
+def prefer_wide(function) -> bool:
+    """Mark an llvmlite function to prefer 512-bit vectors; False where this llvmlite's
+    attribute set no longer takes attributes as text.  The mark only widens vectors, so
+    without it the kernel still compiles, at the default width."""
+    try:
+        set.add(function.attributes, '"prefer-vector-width"="512"')
+    except (TypeError, AttributeError, ValueError):
+        return False
+    return True
+
+
 def __getattr__(name: str):
     """`wide_vectors`: a no-op intrinsic; the compiled function that calls it prefers 512-bit
     vectors (LLVM's "prefer-vector-width" function attribute, which llvmlite's attribute set
@@ -98,7 +109,7 @@ def __getattr__(name: str):
         from numba.extending import intrinsic
 
         def codegen(context, builder, sig, args):
-            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+            prefer_wide(builder.function)
             return context.get_dummy_value()
 
         @intrinsic
