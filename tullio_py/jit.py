@@ -225,7 +225,9 @@ def _defer_blas_check():
     if "numba.np.arraymath" not in sys.modules:
         import importlib.util
         from numba.np import linalg
-        check = linalg.ensure_blas
+        check = getattr(linalg, "ensure_blas", None)
+        if check is None:            # a numba without this check: nothing to defer
+            return
         linalg.ensure_blas = lambda: importlib.util.find_spec("scipy.linalg") or check()
         try:
             from numba.np import arraymath
