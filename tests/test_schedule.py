@@ -298,3 +298,51 @@ def test_masked_indices_are_not_split():
                                atol=1e-12)
     again = [k._plan_for(arrays, rng, np.dtype(np.float64), got.shape)[:2] for _ in range(2)]
     assert again[0] == again[1] and again[0][0] == plan
+
+
+# ----------------------------------------------------------------------------- thread split
+# (expression, shapes, (split index, index fused with it), loop order): schedule.split_choice
+SPLITS = [
+    # attention's p and z: b and h short, fused (18 iterations), the memory order kept
+    ("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]", dict(e=(2, 9, 17, 19), z=(2, 9, 17)),
+     ("b", "h"), "bhij"),
+    ("z[b,h,i] := e[b,h,i,j]", dict(e=(2, 9, 17, 19)), ("b", "h"), "bhij"),
+    # an outermost index with at least SHORT values is split alone, in place
+    ("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]", dict(e=(17, 3, 5, 19), z=(17, 3, 5)),
+     ("b", None), "bhij"),
+    # b x h too short to give SHORT iterations: the longest index, moved outermost
+    ("z[b,h,i] := e[b,h,i,j]", dict(e=(2, 3, 40, 19)), ("i", None), "ibhj"),
+]
+
+
+@pytest.mark.parametrize("expr,shapes,split,order", SPLITS)
+def test_split_choice_and_same_bits_on_any_thread_count(expr, shapes, split, order):
+    arrays = {n: np.abs(rnd(*s, seed=k)) + 0.5 for k, (n, s) in enumerate(shapes.items())}
+    k, got = _call(expr, arrays, threads=True)
+    plan = k._last.plan
+    assert "".join(lp.index for lp in plan.loops) == order, k.forward_code
+    assert [lp.index for lp in plan.loops if lp.parallel] == [split[0]]
+    assert plan.collapse == (split if split[1] else ())
+    e = arrays["e"]
+    want = e / arrays["z"][..., None] if "/" in expr else e.sum(-1)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    from tullio_py import jit
+    outs = []
+    for n in (1, 2):
+        with jit.thread_budget(n):
+            outs.append(np.asarray(k(**arrays)))
+    assert np.array_equal(outs[0], got) and np.array_equal(outs[1], got)
+
+
+def test_split_rule_at_layer_sizes():
+    """The plans of bench_layers' kernels (no compile): attention's unmasked p[b,h,i,j] and its
+    gradient's row sum split the fused b,h (64 iterations) and keep the memory order instead of
+    moving i outermost; a 2x2 max-pool splits its batch of 16 in place."""
+    att = dict(b=range(8), h=range(8), i=range(128), j=range(128))
+    for expr in ("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]", "dz[b,h,i] := dp[b,h,i,j] * e[b,h,i,j]"):
+        p = schedule.plan(parse(expr), att, "float32", threads=2)
+        assert [lp.index for lp in p.loops] == list("bhij") and p.collapse == ("b", "h"), expr
+    pool = dict(b=range(16), c=range(32), h=range(32), v=range(32), i=range(2), j=range(2))
+    p = schedule.plan(parse("(max) y[b,c,h,v] := x[b,c,2h+i,2v+j]"), pool, "float32", threads=2)
+    assert p.loops[0].index == "b" and p.loops[0].parallel and not p.collapse
+    assert [lp.index for lp in p.loops][:3] == list("bch")
