@@ -129,3 +129,118 @@ def test_clear_cache_empties_the_replayed_call():
     assert len(k._calls.entries) == 0
     np.testing.assert_allclose(k(A=A, B=B), A @ B)         # the full path remembers again
     assert len(k._calls.entries) == 1
+
+
+def test_a_remembered_kernel_is_called_through_its_own_keyword_method():
+    """After a remembered call a Kernel's class is its own subclass whose __call__ takes the
+    statement's names as keyword parameters (renamed in the code object: names that are the
+    generated text's own parameter names map to the right arrays)."""
+    import inspect
+
+    from tullio_py.kernel import Kernel
+    k = kernel("y[i] := v1[i] - 2 * v0[i]", threads=False)
+    x, z = rng.random(5), rng.random(5)
+    np.testing.assert_allclose(k(v1=x, v0=z), x - 2 * z)
+    assert type(k) is not Kernel and isinstance(k, Kernel)
+    assert list(inspect.signature(k).parameters)[:2] == ["v1", "v0"]
+    for _ in range(2):
+        np.testing.assert_allclose(k(v0=z, v1=x), x - 2 * z)          # either keyword order
+        np.testing.assert_allclose(k(v1=z, v0=x), z - 2 * x)
+    other = kernel("y[i] := v0[i] - 2 * v1[i]", threads=False)      # the same names, swapped
+    for _ in range(2):
+        np.testing.assert_allclose(other(v1=x, v0=z), z - 2 * x)
+    assert type(other) is not type(k)
+    np.testing.assert_allclose(k(v1=x, v0=z), x - 2 * z)
+
+
+def test_the_keyword_method_hands_anything_else_to_the_full_path():
+    """A missing or unknown name, an option-like name, a non-array (list, numpy subclass,
+    wrong dtype), a positional argument and an active Tape each get what the full path does."""
+    from tullio_py import Tape
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", threads=False)
+    A, B = rng.random((4, 3)), rng.random((3, 5))
+    for _ in range(2):
+        np.testing.assert_allclose(k(A=A, B=B), A @ B)
+    with pytest.raises(ArgumentError):
+        k(A=A)
+    with pytest.raises(ArgumentError):
+        k(A=A, B=B, D=B)
+    with pytest.raises(ArgumentError):
+        k(A=A, B=B, threads=1)
+    with pytest.raises(TypeError):
+        k(A, B)
+    np.testing.assert_allclose(k(A=A.tolist(), B=B), A @ B)
+    sub = A.view(type("Sub", (np.ndarray,), {}))
+    np.testing.assert_allclose(k(A=sub, B=B), A @ B)
+    np.testing.assert_allclose(k(A=A.astype(np.float32), B=B), A @ B, rtol=1e-6)
+    with Tape() as tape:
+        np.testing.assert_allclose(k(A=A, B=B), A @ B)
+    assert len(tape.records) == 1
+    np.testing.assert_allclose(k(B=B, A=A), A @ B)
+
+
+def test_the_keyword_method_gives_up_where_the_replay_does():
+    """The replay's own give-ups through the keyword method: an input aliasing an in-place
+    output (the full path snapshots it), a missing scalar parameter, and a 0-d parameter."""
+    k = kernel("y[i] = x[i] + x[5 - i]", threads=False)
+    for _ in range(2):
+        x, y = rng.random(6), np.zeros(6)
+        assert k(y=y, x=x) is y
+        np.testing.assert_allclose(y, x + x[::-1])
+    for _ in range(2):
+        x = rng.random(6)
+        want = x + x[::-1]
+        assert k(y=x, x=x) is x
+        np.testing.assert_allclose(x, want)
+    p = kernel("y[i] := a * x[i]", threads=False)
+    x = rng.random(4)
+    for a in [2.0, 2.0, np.array(3.0), np.array(3.0), 4.0]:
+        np.testing.assert_allclose(p(x=x, a=a), a * x)
+    with pytest.raises(ArgumentError):
+        p(x=x)
+
+
+def test_a_subclass_of_kernel_keeps_its_own_call():
+    from tullio_py.kernel import Kernel
+
+    class Counted(Kernel):
+        calls = 0
+
+        def __call__(self, **arrays):
+            Counted.calls += 1
+            return super().__call__(**arrays)
+
+    class Plain(Kernel):
+        pass
+
+    A, B = rng.random((2, 3)), rng.random((3, 2))
+    c = Counted("C[i,k] := A[i,j] * B[j,k]", threads=False)
+    p = Plain("C[i,k] := A[i,j] * B[j,k]", threads=False)
+    for _ in range(3):
+        np.testing.assert_allclose(c(A=A, B=B), A @ B)
+        np.testing.assert_allclose(p(A=A, B=B), A @ B)
+    assert Counted.calls == 3 and type(c) is Counted
+    assert isinstance(p, Plain) and type(p) is not Plain and Plain.__call__ is Kernel.__call__
+
+
+def test_replay_flags_read_only_and_unaligned_either_way_round():
+    """The inline replay of a C-contiguous, aligned, writeable call tests numpy's one flag for
+    all three; a read-only or unaligned array of the same shape and dtype, remembered first or
+    after, gets its own right answer."""
+    def unaligned(a):
+        buf = np.empty(a.nbytes + 1, np.uint8)
+        u = np.frombuffer(buf[1:].data, a.dtype).reshape(a.shape)
+        u[...] = a
+        return u
+
+    def readonly(a):
+        a = a.copy()
+        a.flags.writeable = False
+        return a
+
+    A, B = rng.random((4, 3)), rng.random((3, 5))
+    for order in ([A, readonly(A), unaligned(A), A], [readonly(A), unaligned(A), A, readonly(A)]):
+        k = kernel("C[i,k] := A[i,j] * B[j,k]", threads=False)
+        for A1 in order:
+            for _ in range(3):
+                np.testing.assert_allclose(k(A=A1, B=B), A @ B)

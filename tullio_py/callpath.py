@@ -10,8 +10,12 @@ function that allocates the output and calls the compiled kernel with its argume
 (bounds baked in as constants); later calls with the same key run only that.
 
 The key is built inside one function generated per kernel (no loops, no dict of shapes) that
-also looks it up and calls the entry, so the overhead of a call is a few attribute reads, one
-dict lookup, two Python frames, the output allocation and numba's own dispatch.  It is the one cache key not built as a signature.CallSignature, on purpose: it
+also looks it up and calls the entry; the newest remembered call is replayed inline before
+that, behind checks cheaper than the key.  The same code is generated twice: taking the arrays
+as a dict (tullio() has one), and as the Kernel's own `__call__` with the statement's names as
+keyword parameters (no dict built, one Python frame), so a repeated `k(A=A, B=B)` costs
+Python's call of an object, a few attribute reads, the output allocation and the compiled
+entry point (numba's type dispatch skipped).  It is the one cache key not built as a signature.CallSignature, on purpose: it
 holds the same facts as that signature's ArraySigs (dtype, shape and strides of each array, the
 type of each scalar, in the kernel's own argument order) plus writeability and gather extrema,
 but as one flat tuple read straight from the arguments, which is what keeps a repeated call
@@ -42,11 +46,33 @@ def _extrema(J, box):
     return (int(J.min()), int(J.max())) if J.size else None
 
 
+class _Missing:
+    """The default of a name not passed to a generated `__call__` (never an array or scalar)."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<not passed>"
+
+
+_MISSING = _Missing()
+_GIVE_UP = "<give up>"      # a replay's line that hands the call to the full path
+
+
+def _packed(names, rest, values) -> dict:
+    """The arrays of a call to a generated `__call__` as the dict Kernel's full path takes."""
+    arrays = {n: a for n, a in zip(names, values) if a is not _MISSING}
+    arrays.update(rest)
+    return arrays
+
+
 class CallCache:
     """Per Kernel: key of a call -> generated function that replays it."""
 
-    def __init__(self, eq, threads, publish=None):
-        """`publish(fn)`: told each new call function (the kernel calls the newest)."""
+    def __init__(self, eq, threads, publish=None, tape=lambda: None):
+        """`publish(fn, method)`: told each new call function and `__call__` method (the
+        kernel calls the newest; method None: the names cannot be its keyword parameters).
+        `tape()`: the active Tape or None (a call inside one goes the full way)."""
+        self.tape = tape
         self.output = eq.output
         self.in_place = eq.assign != ":="
         self.params = frozenset(eq.params)
@@ -61,6 +87,7 @@ class CallCache:
         self.publish = publish
         self.key = self._key_function()
         self.call = self._call_function()
+        self.method = None
 
     # ------------------------------------------------------------------ generated code
     def _read_lines(self):
@@ -114,13 +141,53 @@ class CallCache:
             conditions, body, hot_ns = hot
             ns.update(hot_ns)
             inline = [f"    if {' and '.join(['_entries', *conditions])}:",
-                      *("    " + line for line in body)]
+                      *("    " + line.replace(_GIVE_UP, "None") for line in body)]
         exec("\n".join(["def _call(_a):", *lines, *inline,
                         f"    _e = _get({key})",
                         "    if _e is None:",
                         "        return None",
                         f"    return _e({v})"]), ns)
         return ns["_call"]
+
+    def _method_function(self, hot):
+        """def __call__(self, *, <the names>=<not passed>, **rest): a Kernel's call with the
+        arrays as keyword parameters (numpy arrays and scalars only; no dict of the arguments
+        built, no second frame, and a Kernel's own class calls it as its `__call__`: the
+        cheapest Python call of an object with keywords).  The newest remembered call inline
+        as in _call_function, then the lookup by key; anything else goes to the Kernel's full
+        path with the arguments as passed.  The text names its parameters v0, v1, ...; they
+        are renamed to the statement's names in the code object (no name pasted into text).
+        None when a name cannot be a parameter (it is one of the function's own locals)."""
+        n = len(self.names)
+        v = [f"v{i}" for i in range(n)]
+        _, key = self._read_lines()
+        full = f"_self._call_full(_pack(_rest, ({''.join(x + ', ' for x in v)})))"
+        arrays = [v[i] for i, name in enumerate(self.names) if name not in self.params]
+        conditions, body, hot_ns = hot
+        ours = [f"{x}.__class__ is _ND" for x in arrays] + ["not _rest", "_cur() is None"]
+        lines = [f"def __call__(_self, *, {''.join(x + '=_M, ' for x in v)}**_rest):",
+                 f"    if {' and '.join(ours)}:",
+                 f"        if {' and '.join(['_entries', *conditions])}:",
+                 *("        " + line.replace(_GIVE_UP, full) for line in body),
+                 f"        _e = _get({key})",
+                 "        if _e is not None:",
+                 f"            _r = _e({', '.join(v)})",
+                 "            if _r is not None:",
+                 "                return _r",
+                 f"    return {full}"]
+        ns = {**self._namespace(), **hot_ns, "_get": self.entries.get, "_entries": self.entries,
+              "_M": _MISSING, "_cur": self.tape,
+              "_pack": lambda rest, values, names=self.names: _packed(names, rest, values)}
+        exec("\n".join(lines), ns)
+        fn = ns["__call__"]
+        code = fn.__code__
+        rename = dict(zip(v, self.names))
+        varnames = tuple(rename.get(x, x) for x in code.co_varnames)
+        if len(set(varnames)) != len(varnames):
+            return None
+        fn.__code__ = code.replace(co_varnames=varnames, co_qualname="Kernel.__call__")
+        fn.__kwdefaults__ = {name: _MISSING for name in self.names}
+        return fn
 
     def _conditions(self, given: dict, key: tuple):
         """Conditions on v0, v1, ... (source, and the namespace of their constants) that hold
@@ -140,9 +207,13 @@ class CallCache:
                     conds.append(f"{v}.__class__ is _h{i}")
                     ns[f"_h{i}"] = a.__class__
                 continue
-            mask = _C | _F | _ALIGNED | (_WRITEABLE if self.in_place and n == self.output else 0)
-            conds += [f"{v}.dtype is _h{i}", f"{v}.shape == _s{i}",
-                      f"{v}.flags.num & {mask} == {a.flags.num & mask}"]
+            conds += [f"{v}.dtype is _h{i}", f"{v}.shape == _s{i}"]
+            if a.flags.carray:      # C-contiguous, aligned and writeable: numpy's one flag
+                conds.append(f"{v}.flags.carray")
+            else:
+                mask = _C | _F | _ALIGNED | (_WRITEABLE if self.in_place and n == self.output
+                                             else 0)
+                conds.append(f"{v}.flags.num & {mask} == {a.flags.num & mask}")
             ns[f"_h{i}"], ns[f"_s{i}"] = a.dtype, a.shape
             if not (a.ndim == 0 or min(a.shape) > 1 and a.flags.num & (_C | _F)):
                 conds.append(f"{v}.strides == _t{i}")
@@ -192,7 +263,8 @@ class CallCache:
                     if item:
                         checks.append(f"    _p{i} = {code[-1]}")
                         code[-1] = f"_p{i}"
-                    checks += [f"    if not {lo} <= {code[-1]} <= {hi}:", "        return None"]
+                    checks += [f"    if not {lo} <= {code[-1]} <= {hi}:",
+                               f"        return {_GIVE_UP}"]
             elif isinstance(a, (int, float, bool, np.integer, np.floating)):
                 consts[f"_c{i}"] = a
                 code.append(f"_c{i}")
@@ -205,12 +277,12 @@ class CallCache:
             reads = [var[n] for n in self.names if n != self.output and n not in self.params]
             if reads:       # an input that may alias the output: the full path snapshots it
                 body += [f"    if _overlap(_out, ({''.join(r + ', ' for r in reads)})):",
-                         "        return None"]
+                         f"        return {_GIVE_UP}"]
         elif fill:
             body.append("    _out = _full(_shape, _pad, _dtype)")
         else:
             body.append("    _out = _empty(_shape, _dtype)")
-        body.append("    _k._last = _prepared")
+        body.append("    _ran[0] = _prepared")
         from . import jit, schedule
         n = schedule.thread_count(self.threads, jit.max_threads())
         if prepared.source.parallel:         # thread count, budget and layer: jit.call
@@ -223,12 +295,15 @@ class CallCache:
             body.append(f"    _run({', '.join(code)})")
         body.append("    return _out")
         ns = {"_full": np.full, "_empty": np.empty, "_shape": out.shape, "_dtype": out.dtype,
-              "_pad": kernel.pad, "_k": kernel, "_prepared": prepared, "_fn": prepared.fn,
+              "_pad": kernel.pad, "_ran": kernel.last_cell, "_prepared": prepared, "_fn": prepared.fn,
               "_launch": jit.call, "_n": n, "_overlap": overlap.bounds_meet,
               **consts}
-        exec("\n".join([f"def _entry({', '.join(var[n] for n in self.names)}):", *body]), ns)
+        exec("\n".join([f"def _entry({', '.join(var[n] for n in self.names)}):",
+                         *(line.replace(_GIVE_UP, "None") for line in body)]), ns)
         self.entries[key] = ns["_entry"]
         conditions, constants = self._conditions(given, key)
-        self.call = self._call_function((conditions, body, {**ns, **constants}))
+        hot = (conditions, body, {**ns, **constants})
+        self.call = self._call_function(hot)
+        self.method = self._method_function(hot)
         if self.publish is not None:
-            self.publish(self.call)
+            self.publish(self.call, self.method)

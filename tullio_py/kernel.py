@@ -74,8 +74,9 @@ class Kernel:
         self._prepared = memo.Memo("kernel.compiled", 64)   # compile key -> Prepared
         self._plans = memo.Memo("kernel.plans", 64)         # call signature -> plan
         self._lowered = None
-        self._last: Prepared | None = None
-        self._calls = callpath.CallCache(self.equation, threads, self._use_replay)
+        self.last_cell: list = [None]    # [what the last call ran]: a replay writes one item
+        self._calls = callpath.CallCache(self.equation, threads, self._use_replay,
+                                         _tape.current_fast)
         self._replay = self._calls.call     # the fast call path (its newest function)
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
@@ -114,6 +115,10 @@ class Kernel:
             out = self._replay(arrays)  # with the names, dtypes, shapes of an earlier call
             if out is not None:
                 return out
+        return self._call_full(arrays)
+
+    def _call_full(self, arrays: dict):
+        """A call that is not replayed: its arrays' frontend runs it (and may remember it)."""
         from .frontends import registry     # torch, dask, CUDA or numpy (registry.py)
         frontend = registry.pick(self, arrays)
         if not getattr(frontend, "TAPE", False):
@@ -122,18 +127,39 @@ class Kernel:
                 return tape.run(self, arrays)
         return frontend.call(self, arrays)
 
-    def _use_replay(self, fn):
+    def _use_replay(self, fn, method=None):
+        """The call path's newest functions (callpath.py): `fn` takes the arrays as a dict
+        (tullio() calls it), `method` (or None) as keyword parameters.  The method becomes
+        this Kernel's own `__call__`: Python looks special methods up on the class, so a
+        Kernel that has one gets a subclass of its own (of its class, unless that overrides
+        __call__ itself)."""
         self._replay = fn
+        cls = self.__class__
+        owned = cls.__dict__.get("_owner") == id(self)
+        if method is None:
+            if owned:
+                cls.__call__ = cls.__bases__[0].__call__
+            return
+        if not owned:
+            base = cls.__bases__[0] if "_owner" in cls.__dict__ else cls   # a copy's class
+            if base.__call__ is not Kernel.__call__:
+                return
+            cls = self.__class__ = type(base.__name__, (base,), {
+                "__slots__": (), "__module__": base.__module__, "__doc__": base.__doc__,
+                "__qualname__": base.__qualname__, "_owner": id(self)})
+        cls.__call__ = method
 
     # ------------------------------------------------------------------ for the frontends
     @property
     def last(self):
         """What the last call ran (a Prepared of this module or of frontends/cuda.py)."""
-        return self._last
+        return self.last_cell[0]
 
     @last.setter
     def last(self, prepared):
-        self._last = prepared
+        self.last_cell[0] = prepared
+
+    _last = last
 
     @property
     def compiled(self):

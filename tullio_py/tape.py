@@ -43,6 +43,9 @@ def current():
 # torch.compile cannot trace ContextVar.get: it reads current() once, while tracing (torch's
 # assume_constant_result marks a function exactly this way; setting it here needs no torch).
 current._dynamo_marked_constant = True
+# current() without its Python frame, for the call path after it has seen numpy arrays (which
+# torch.compile does not trace into the compiled loops anyway).
+current_fast = _CURRENT.get
 
 
 # ----------------------------------------------------------------------------- arrays
