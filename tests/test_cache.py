@@ -188,3 +188,36 @@ def test_size_bound_removes_least_recently_used(tmp_path, monkeypatch):
     monkeypatch.setenv("TULLIO_CACHE_SIZE_MB", str(2500 / 2**20))
     cache.prune()
     assert [p.name for p in kernels.glob("*.py")] == ["_tullio_new.py"]
+
+
+LOAD_SCRIPT = r"""
+import json, sys
+import numpy as np
+from tullio_py import kernel, jit
+rng = np.random.default_rng(0)
+A, B = rng.random((4, 3)), rng.random((3, 5))
+x = rng.random(300000)
+k = kernel("C[i,k] := A[i,j] * B[j,k]", threads=False, blas=False)
+p = kernel("y[i] := exp(x[i]) * 2 + x[i]", threads=True)
+ok = bool(np.allclose(k(A=A, B=B), A @ B)) and bool(np.allclose(p(x=x), np.exp(x) * 2 + x))
+res = {"ok": ok, "parallel": p.last.source.parallel,
+       "registries": "numba.np.arraymath" in sys.modules}
+n = kernel("z[i] := x[i] * 3 - A[i, 0]", threads=False)(x=x[:4], A=A)  # compiled here
+res["new_ok"] = bool(np.allclose(n, x[:4] * 3 - A[:, 0]))
+res["scipy.linalg"] = "scipy.linalg" in sys.modules
+print(json.dumps({**res, **jit.stats.snapshot()}))
+"""
+
+
+def test_a_disk_load_skips_numbas_registries(tmp_path):
+    """A kernel on disk (serial, and parallel with vector math) loads in a new process without
+    numba's typing and lowering registries (its runtime symbols and thread pool only), runs
+    right, and a kernel compiled afterwards in the same process still compiles (the
+    registries load then, without importing scipy.linalg)."""
+    first = _finish(_start(tmp_path, LOAD_SCRIPT))
+    assert first["ok"] and first["new_ok"] and first["parallel"] and first["compiles"] == 3
+    again = _finish(_start(tmp_path, LOAD_SCRIPT.replace("x[i] * 3 -", "x[i] * 4 -")
+                           .replace("x[:4] * 3", "x[:4] * 4")))
+    assert again["ok"] and again["new_ok"] and again["parallel"]
+    assert (again["disk_hits"], again["compiles"]) == (2, 1)
+    assert not again["registries"] and not again["scipy.linalg"]

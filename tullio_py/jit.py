@@ -76,13 +76,42 @@ def load(source: Source, target: str, signature: str = ""):
         if module is not None:
             namespace = module.__dict__
         else:
+            _defer_blas_check()             # compiled now, not loaded
             namespace = {"__name__": "tullio_py_generated"}
             exec(compile(text, "<tullio_py kernel>", "exec"), namespace)
         flags = set(source.fastmath) if isinstance(source.fastmath, tuple) else source.fastmath
         fn = numba.njit(parallel=source.parallel, fastmath=flags,
                         cache=module is not None, **_NUMBA_OPTIONS)(namespace[source.name])
+        if module is not None:
+            _load_without_registries(fn)
         _LOADED[text] = fn
     return fn
+
+
+def _load_without_registries(fn):
+    """Make `fn`'s disk-cache load skip numba's registries.  numba refreshes its typing and
+    lowering registries before it looks in its cache (importing most of numba's
+    implementation modules: the larger part of a new process's first call), but machine code
+    read from disk needs only numba's runtime (NRT) symbols; numba's C helpers are installed
+    with its target context, and a parallel kernel's own reload hook starts the thread pool.
+    A miss compiles as before: numba's compiler refreshes the registries itself."""
+    cache_ = getattr(fn, "_cache", None)
+    load = getattr(cache_, "_load_overload", None)
+    guard = getattr(cache_, "_guard_against_spurious_io_errors", None)
+    if load is None or guard is None:       # another numba: its own load
+        return
+
+    def load_overload(sig, target_context):
+        from numba.core.runtime import rtsys
+        rtsys.initialize(target_context)
+        with guard():
+            cres = load(sig, target_context)
+            if cres is not None:
+                return cres
+        _defer_blas_check()                 # numba compiles next
+        return None
+
+    cache_.load_overload = load_overload
 
 
 def entry_point(fn, args):
@@ -200,7 +229,6 @@ def _choose_layer():
         if _layer is not None:
             return
         import numba
-        _defer_blas_check()
         try:
             layer = numba.threading_layer()          # numba's pool already runs: keep it
         except ValueError:
@@ -221,7 +249,8 @@ def _defer_blas_check():
     """numba.np.arraymath checks on import whether scipy's BLAS loads (importing scipy.linalg:
     about 0.15 s of a new process's first call) for np.correlate/np.convolve, which no kernel
     calls: imported here with a check that only finds scipy.linalg (numba.np.linalg still
-    imports scipy's BLAS before compiling a function that calls it)."""
+    imports scipy's BLAS before compiling a function that calls it).  Called before anything
+    jit.py compiles (numba's registries import arraymath then), not before a disk load."""
     if "numba.np.arraymath" not in sys.modules:
         import importlib.util
         from numba.np import linalg
@@ -356,6 +385,7 @@ def _serial(fn):
         import numba
         options = {**fn.targetoptions, "parallel": False}     # the same flags, serial
         options.pop("nopython", None)
+        _defer_blas_check()
         s = _SERIAL[fn] = numba.njit(**options)(fn.py_func)
     return s
 
