@@ -200,6 +200,15 @@ def test_the_keyword_method_gives_up_where_the_replay_does():
         p(x=x)
 
 
+def test_a_statement_without_arrays_is_replayed():
+    k = kernel("A[i,j] := i + 10 * j", threads=False, ranges={"i": range(3), "j": range(2)})
+    want = np.arange(3)[:, None] + 10 * np.arange(2)[None, :]
+    for _ in range(3):
+        np.testing.assert_array_equal(k(), want)
+    with pytest.raises(ArgumentError):
+        k(B=want)
+
+
 def test_a_subclass_of_kernel_keeps_its_own_call():
     from tullio_py.kernel import Kernel
 

@@ -165,7 +165,8 @@ class CallCache:
         arrays = [v[i] for i, name in enumerate(self.names) if name not in self.params]
         conditions, body, hot_ns = hot
         ours = [f"{x}.__class__ is _ND" for x in arrays] + ["not _rest", "_cur() is None"]
-        lines = [f"def __call__(_self, *, {''.join(x + '=_M, ' for x in v)}**_rest):",
+        keywords = f"*, {''.join(x + '=_M, ' for x in v)}" if v else ""
+        lines = [f"def __call__(_self, {keywords}**_rest):",
                  f"    if {' and '.join(ours)}:",
                  f"        if {' and '.join(['_entries', *conditions])}:",
                  *("        " + line.replace(_GIVE_UP, full) for line in body),

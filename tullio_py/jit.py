@@ -94,12 +94,15 @@ def _load_without_registries(fn):
     implementation modules: the larger part of a new process's first call), but machine code
     read from disk needs only numba's runtime (NRT) symbols; numba's C helpers are installed
     with its target context, and a parallel kernel's own reload hook starts the thread pool.
-    A miss compiles as before: numba's compiler refreshes the registries itself."""
+    A miss compiles as before: numba's compiler refreshes the registries itself.  Likewise
+    numba's extension entry points (third-party types, read from every installed package's
+    metadata before typing the arguments) are initialised before a compile, not before a
+    load (the arguments of a kernel are numpy arrays and scalars)."""
     cache_ = getattr(fn, "_cache", None)
     load = getattr(cache_, "_load_overload", None)
     guard = getattr(cache_, "_guard_against_spurious_io_errors", None)
-    if load is None or guard is None:       # another numba: its own load
-        return
+    if load is None or guard is None or not hasattr(fn, "_compilation_chain_init_hook"):
+        return                              # another numba: its own load
 
     def load_overload(sig, target_context):
         from numba.core.runtime import rtsys
@@ -108,10 +111,17 @@ def _load_without_registries(fn):
             cres = load(sig, target_context)
             if cres is not None:
                 return cres
-        _defer_blas_check()                 # numba compiles next
+        from numba.core import entrypoints
+        entrypoints.init_all()              # numba compiles next
+        _defer_blas_check()
         return None
 
     cache_.load_overload = load_overload
+    fn._compilation_chain_init_hook = _no_entry_points
+
+
+def _no_entry_points():
+    """A cached kernel's first call: entry points wait for a compile (load_overload)."""
 
 
 def entry_point(fn, args):

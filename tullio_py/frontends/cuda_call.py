@@ -4,15 +4,24 @@ frontends/cuda.py, gradients through frontends/cuda_vjp.py (which builds on cuda
 two meet here rather than in either)."""
 from __future__ import annotations
 
-from . import cuda
+import numpy as np
+
+# what cuda.on_device turns down first: a call with only these never imports cuda.py
+_HOST = (np.ndarray, np.generic, int, float, complex, list, tuple)
 
 
 def wants(arrays: dict, kernel=None) -> bool:
     """target="cuda", or target="auto" with some array in GPU memory."""
-    return kernel.target not in ("cpu", "python") and cuda.wants_cuda(kernel, arrays)
+    if kernel.target in ("cpu", "python"):
+        return False
+    if kernel.target == "auto" and all(isinstance(v, _HOST) for v in arrays.values()):
+        return False
+    from . import cuda
+    return cuda.wants_cuda(kernel, arrays)
 
 
 def call(kernel, arrays: dict):
+    from . import cuda
     return cuda.call(kernel, arrays)
 
 
