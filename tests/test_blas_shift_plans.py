@@ -3,10 +3,12 @@ generated loops' result (blas=False) to rounding: each set of looped indices (sh
 and a looped batch index), operands copied in either order, results stored step by step
 (`:=`), added (`+=`) or added value by value of a shifted output index (col2im), on odd
 sizes, strides, dilations and non-contiguous inputs."""
+import contextlib
+
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas_shift, kernel
+from tullio_py import Kernel, blas, blas_shift, kernel
 
 R = np.random.default_rng(11)
 
@@ -41,11 +43,19 @@ def _noncontiguous(a):
     return view
 
 
-@pytest.mark.parametrize("threads", [1, 3])
+def _gemm(name):
+    """The frontend's gemm the steps go to (blas.gemm_provider), a no-op for numpy's own."""
+    if name == "numpy":
+        return contextlib.nullcontext()
+    return blas.gemm_provider(pytest.importorskip("tullio_py.frontends.torch").torch_gemm)
+
+
+@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch")])
 @pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_candidate_matches_the_loops(case, layout, threads):
-    """... and on 3 threads, the steps of the first looped index shared between them."""
+def test_every_candidate_matches_the_loops(case, layout, threads, gemm):
+    """... and on 3 threads, the steps of the first looped index shared between them; and
+    with torch's gemm as the frontend's (storing, and adding in place into the output)."""
     expr, shapes, out_shape = CASES[case]
     k, loops = KERNELS[case]
     arrays = {n: R.standard_normal(s) for n, s in shapes.items()}
@@ -65,7 +75,8 @@ def test_every_candidate_matches_the_loops(case, layout, threads):
     for p in plans:
         # a `:=` output: NaN where each element must be stored, zeros where added to
         got = out.copy() if start is not None else np.full_like(out, np.nan if p.write else 0)
-        blas_shift.run(p, k._shift, arrays, got, False, p.write, threads)
+        with _gemm(gemm):
+            blas_shift.run(p, k._shift, arrays, got, False, p.write, threads)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=str(p.loop))
     if any(len(s.names) > 1 for s in eq.lhs.indices):
         assert any(p.scatter for p in plans), "no col2im plan"

@@ -30,20 +30,22 @@ with an input, accesses outside the arrays (the loops report those), small work.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import combinations, product
+from itertools import combinations
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from . import blas_shift_cost as model
 from . import blas_threads
 from .blas import MIN_WORK, factors
-from .blas_shift_cost import blasable as _blasable, chain as _chain, merges as _merges
+from .blas_shift_cost import blasable as _blasable
+from .blas_shift_cost import chain as _chain
+from .blas_shift_cost import merges as _merges
 from .blas_shift_cost import prod as _prod
+from .blas_shift_run import run, step_threads  # noqa: F401  (run: the steps of a plan)
 from .ir import Access, Affine, Const, Equation, Param
 from .memo import Memo
-from .signature import CallSignature
 from .ranges import affine_bounds, output_shape
+from .signature import CallSignature
 
 # most values of the scattered indices of one step (each is one np.add into the output)
 MAX_SCATTER = 64
@@ -337,100 +339,3 @@ def _arrange(S, views, vo, rng, itemsize, write=False, scat=()) -> Plan:
                 tuple(sorted(kept, key=lo.index).index(x) for x in kept), small,
                 cost, im2col, write, direct, tuple(scat),
                 tuple(size[x] for x in scat), tuple(res.index(x) for x in scat))
-
-
-# ----------------------------------------------------------------------------- running
-def _master(arr: np.ndarray, v: _View, writeable: bool) -> np.ndarray:
-    base = arr[tuple(slice(s, s + 1) for s in v.start) + (Ellipsis,)]
-    return as_strided(base, v.shape, v.strides, writeable=writeable)
-
-
-def step_threads(p: Plan, threads: int) -> int:
-    """How many threads share the steps of p's first looped index when the call may use
-    `threads` (1: the calling thread runs them all)."""
-    n = min(threads, p.steps[0]) if p.split and p.loop else 1
-    return n if n > 1 and blas_threads.available() else 1
-
-
-def run(p: Plan, sh: Shifted, arrays: dict, out: np.ndarray, zero_first: bool,
-        write: bool = False, threads: int = 1):
-    """Accumulate the statement into `out` (cleared first where written, for `=` and a
-    `:=` output filled with a pad value), or with `write` (steps that share no element)
-    store it there.  With `threads` > 1 the steps of the first looped index are shared by
-    that many threads where the plan allows (blas_threads.py)."""
-    eq = sh.eq
-    a0, a1 = (arrays[a.array] for a in sh.reads)
-    masters = (_master(a0, p.views[0], False), _master(a1, p.views[1], False))
-    mo = _master(out, p.views[2], True)
-    if zero_first:
-        mo[...] = 0
-    scale = 1
-    for s in sh.scale:
-        scale = scale * (arrays[s] if isinstance(s, str) else s)
-    if eq.assign == "-=":
-        scale = -scale
-    n = step_threads(p, threads)
-    if n < 2:
-        _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write)
-        return out
-    cut = [p.steps[0] * k // n for k in range(n + 1)]
-    parts = [out] + ([np.zeros_like(out) for _ in range(n - 1)] if p.split == 2 else [])
-    if any(x.strides != out.strides for x in parts):
-        _steps(p, masters, mo, 0, p.steps[0], scale, write)
-        return out
-    targets = [mo] + [_master(x, p.views[2], True) for x in parts[1:]]
-    blas_threads.run([lambda k=k: _steps(p, masters, targets[k] if p.split == 2 else mo,
-                                         cut[k], cut[k + 1], scale, write) for k in range(n)])
-    for x in parts[1:]:
-        np.add(out, x, out=out)
-    return out
-
-
-def _steps(p: Plan, masters, mo, lo: int, hi: int, scale, write: bool):
-    """The steps whose first looped index is in [lo, hi) (all steps when nothing is looped)."""
-    subs = [v.sub for v in p.views]
-    bufs = [None, None]     # an operand's merged (im2col) copy, reused by every step
-    ranges = [range(lo, hi)] + [range(n) for n in p.steps[1:]] if p.loop else []
-    for pos in product(*ranges):
-        xs = []
-        for i in (0, 1):
-            summed, perm, shape, contig, flip = p.ops[i]
-            x = masters[i][tuple(pos[j] for j in subs[i]) + (Ellipsis,)]
-            if summed:
-                x = x.sum(axis=summed)
-            x = x.transpose(perm)
-            if bufs[i] is None:
-                try:
-                    x = np.reshape(x, shape, copy=False)
-                except ValueError:              # the merge copies: into a buffer kept
-                    bufs[i] = np.empty(x.shape, x.dtype)
-            if bufs[i] is not None:
-                np.copyto(bufs[i], x)
-                x = bufs[i].reshape(shape)
-            elif contig:
-                x = np.ascontiguousarray(x)
-            if flip:
-                x = x.swapaxes(-1, -2)
-            xs.append(x * scale if scale != 1 and i == p.small else x)
-        a, b = xs[p.left], xs[1 - p.left]
-        if p.scatter:
-            r = np.matmul(a, b).reshape(p.res_shape)
-            for sv in product(*[range(n) for n in p.scatter_steps]):
-                full = pos + sv
-                t = mo[tuple(full[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
-                at = [slice(None)] * len(p.res_shape)
-                for ax, v in zip(p.scatter_axes, sv):
-                    at[ax] = v
-                np.add(t, r[tuple(at)], out=t, casting="unsafe")
-            continue
-        t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
-        if write:
-            if p.direct:
-                try:
-                    np.matmul(a, b, out=np.reshape(t, p.mm_shape, copy=False))
-                    continue
-                except (ValueError, TypeError):     # the output's layout is no matmul result
-                    pass
-            np.copyto(t, np.matmul(a, b).reshape(p.res_shape), casting="unsafe")
-            continue
-        np.add(t, np.matmul(a, b).reshape(p.res_shape), out=t, casting="unsafe")

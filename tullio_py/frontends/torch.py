@@ -190,8 +190,9 @@ def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bo
     except RuntimeError:            # batch axes that do not merge without a copy
         o3 = None
     if o3 is not None:
-        torch.baddbmm(o3, ta.reshape(-1, m, k), tb.reshape(-1, k, n), beta=beta, alpha=alpha,
-                      out=o3)
+        batch = to.shape[:-2]       # operands' batch axes of length 1 are broadcast
+        torch.baddbmm(o3, ta.expand(*batch, m, k).reshape(-1, m, k),
+                      tb.expand(*batch, k, n).reshape(-1, k, n), beta=beta, alpha=alpha, out=o3)
     elif beta:
         to.add_(torch.matmul(ta, tb), alpha=alpha)
     else:

@@ -1,0 +1,134 @@
+"""Running a plan of blas_shift.py: the Python loop over its looped indices, each step one
+matmul over strided views of the arrays (after an im2col copy where the plan merges axes),
+stored or added into the output (col2im: value by value of the scattered indices); the
+first looped index's steps shared by Python threads (blas_threads.py) where the plan allows.
+The products go to the frontend's gemm where it supplies one (blas.gemm_provider: torch's
+BLAS, which also adds into the output in place) when one thread runs the steps."""
+from __future__ import annotations
+
+from itertools import product
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import blas_threads
+from .blas import gemms
+
+
+def _master(arr: np.ndarray, v, writeable: bool) -> np.ndarray:
+    base = arr[tuple(slice(s, s + 1) for s in v.start) + (Ellipsis,)]
+    return as_strided(base, v.shape, v.strides, writeable=writeable)
+
+
+def step_threads(p, threads: int) -> int:
+    """How many threads share the steps of p's first looped index when the call may use
+    `threads` (1: the calling thread runs them all)."""
+    n = min(threads, p.steps[0]) if p.split and p.loop else 1
+    return n if n > 1 and blas_threads.available() else 1
+
+
+def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
+        write: bool = False, threads: int = 1):
+    """Accumulate the statement into `out` (cleared first where written, for `=` and a
+    `:=` output filled with a pad value), or with `write` (steps that share no element)
+    store it there.  With `threads` > 1 the steps of the first looped index are shared by
+    that many threads where the plan allows (blas_threads.py)."""
+    eq = sh.eq
+    a0, a1 = (arrays[a.array] for a in sh.reads)
+    # (writeable where the array is: a frontend's gemm may want writeable views; never written)
+    masters = (_master(a0, p.views[0], True), _master(a1, p.views[1], True))
+    mo = _master(out, p.views[2], True)
+    if zero_first:
+        mo[...] = 0
+    scale = 1
+    for s in sh.scale:
+        scale = scale * (arrays[s] if isinstance(s, str) else s)
+    if eq.assign == "-=":
+        scale = -scale
+    n = step_threads(p, threads)
+    if n < 2:
+        # the frontend's gemm where it has one (blas.gemm_provider: torch's BLAS and threads);
+        # Python threads sharing the steps keep numpy's, made single-threaded per thread
+        gemm = getattr(gemms, "f", None)
+        _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write, gemm)
+        return out
+    cut = [p.steps[0] * k // n for k in range(n + 1)]
+    parts = [out] + ([np.zeros_like(out) for _ in range(n - 1)] if p.split == 2 else [])
+    if any(x.strides != out.strides for x in parts):
+        _steps(p, masters, mo, 0, p.steps[0], scale, write)
+        return out
+    targets = [mo] + [_master(x, p.views[2], True) for x in parts[1:]]
+    blas_threads.run([lambda k=k: _steps(p, masters, targets[k] if p.split == 2 else mo,
+                                         cut[k], cut[k + 1], scale, write) for k in range(n)])
+    for x in parts[1:]:
+        np.add(out, x, out=out)
+    return out
+
+
+def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None):
+    """The steps whose first looped index is in [lo, hi) (all steps when nothing is looped);
+    `gemm`: a frontend's gemm (blas.gemm_provider) the products go to first."""
+    subs = [v.sub for v in p.views]
+    bufs = [None, None]     # an operand's merged (im2col) copy, reused by every step
+    ranges = [range(lo, hi)] + [range(n) for n in p.steps[1:]] if p.loop else []
+    for pos in product(*ranges):
+        xs = []
+        for i in (0, 1):
+            summed, perm, shape, contig, flip = p.ops[i]
+            x = masters[i][tuple(pos[j] for j in subs[i]) + (Ellipsis,)]
+            if summed:
+                x = x.sum(axis=summed)
+            x = x.transpose(perm)
+            if bufs[i] is None:
+                try:
+                    x = np.reshape(x, shape, copy=False)
+                except ValueError:              # the merge copies: into a buffer kept
+                    bufs[i] = np.empty(x.shape, x.dtype)
+            if bufs[i] is not None:
+                np.copyto(bufs[i], x)
+                x = bufs[i].reshape(shape)
+            elif contig:
+                x = np.ascontiguousarray(x)
+            if flip:
+                x = x.swapaxes(-1, -2)
+            xs.append(x * scale if scale != 1 and i == p.small else x)
+        a, b = xs[p.left], xs[1 - p.left]
+        if p.scatter:
+            r = _matmul(gemm, a, b).reshape(p.res_shape)
+            for sv in product(*[range(n) for n in p.scatter_steps]):
+                full = pos + sv
+                t = mo[tuple(full[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
+                at = [slice(None)] * len(p.res_shape)
+                for ax, v in zip(p.scatter_axes, sv):
+                    at[ax] = v
+                np.add(t, r[tuple(at)], out=t, casting="unsafe")
+            continue
+        t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
+        if write:
+            if p.direct:
+                try:
+                    tv = np.reshape(t, p.mm_shape, copy=False)
+                    if gemm is None or not gemm(a, b, tv, 1, 0):
+                        np.matmul(a, b, out=tv)
+                    continue
+                except (ValueError, TypeError):     # the output's layout is no matmul result
+                    pass
+            np.copyto(t, _matmul(gemm, a, b).reshape(p.res_shape), casting="unsafe")
+            continue
+        if gemm is not None and t.dtype == a.dtype == b.dtype:
+            try:        # the frontend's gemm adds into the output in place (beta 1)
+                if gemm(a, b, np.reshape(t, p.mm_shape, copy=False), 1, 1):
+                    continue
+            except ValueError:                      # the output's layout is no matmul result
+                pass
+        np.add(t, _matmul(gemm, a, b).reshape(p.res_shape), out=t, casting="unsafe")
+
+
+def _matmul(gemm, a, b):
+    """a @ b, through the frontend's gemm when there is one and it takes the call."""
+    if gemm is not None and a.dtype == b.dtype:
+        r = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
+                     a.dtype)
+        if gemm(a, b, r, 1, 0):
+            return r
+    return np.matmul(a, b)
