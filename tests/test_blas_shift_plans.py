@@ -8,7 +8,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas, blas_shift, kernel
+from tullio_py import Kernel, blas, blas_shift, blas_shift_pad, kernel
 
 R = np.random.default_rng(11)
 
@@ -129,3 +129,93 @@ def test_threaded_forward_and_gradients():
     assert len(plans) == 3
     if blas_shift.blas_threads.available():
         assert {p.split for p in plans} >= {1, 2}, [(p.loop, p.split) for p in plans]
+
+
+# pad() reads (the gather form of the printed gradients, padded forwards): statement, input
+# shapes, output shape for the in-place statements (it starts non-zero: `+=` adds to it);
+# each sub-range above blas.MIN_WORK multiply-adds
+PAD_CASES = {
+    "dx": ("dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j]", {"dy": (16, 12, 43), "w": (12, 9, 3)},
+           (16, 9, 45)),
+    "dx_dilated": ("dx[b,c,p] += dy[b,o,pad(p-2*j)] * w[o,c,j]",
+                   {"dy": (12, 12, 91), "w": (12, 7, 3)}, (12, 7, 95)),
+    "dx_nchw": ("dx[b,c,p,q] += dy[b,o,pad(p-i),pad(q-j)] * w[o,c,i,j]",
+                {"dy": (8, 12, 9, 12), "w": (12, 8, 3, 2)}, (8, 8, 11, 13)),
+    "dx_nhwc": ("dx[b,p,q,c] -= dy[b,pad(p-i),pad(q-j),o] * w[i,j,c,o]",
+                {"dy": (8, 9, 12, 12), "w": (3, 2, 8, 12)}, (8, 11, 13, 8)),
+    "same": ("y[b,o,i] := x[b,c,pad(i+j-1,1,1)] * w[o,c,j]",
+             {"x": (16, 9, 45), "w": (12, 9, 3)}, None),
+    "dw_strided": ("dw[o,c,j] = dy[b,o,i] * x[b,c,pad(2i+j-1,1,1)]",
+                   {"dy": (16, 16, 23), "x": (16, 12, 45)}, (16, 12, 3)),
+}
+PAD_KERNELS = {name: (Kernel(expr, threads=1), kernel(expr, blas=False))
+               for name, (expr, _, _) in PAD_CASES.items()}
+
+
+@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch")])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+@pytest.mark.parametrize("case", list(PAD_CASES))
+def test_padded_reads_match_the_loops(case, layout, threads, gemm):
+    """A statement reading pad(...) runs as blas_shift plans over sub-ranges where the padded
+    reads fall inside their arrays (blas_shift_pad.py): every candidate plan run on every
+    sub-range (as Padded.call runs them: `=` zeroes the covered elements first, a `:=`
+    output starts zeroed), and the kernel's own call, give the loops' result (blas=False)."""
+    _, shapes, out_shape = PAD_CASES[case]
+    k, loops = PAD_KERNELS[case]
+    sh = k.shift_plan
+    assert isinstance(sh, blas_shift.Padded)
+    arrays = {n: R.standard_normal(s) for n, s in shapes.items()}
+    if layout == "noncontiguous":
+        arrays = {n: _noncontiguous(a) for n, a in arrays.items()}
+    eq = k.equation
+    start = None if out_shape is None else R.standard_normal(out_shape)
+    given = {} if start is None else {eq.output: start.copy()}
+    want = loops(**arrays, **given)
+    want = given.get(eq.output, want)
+    out = np.empty_like(want) if start is None else start
+    rng = k.ranges(**arrays, **({} if start is None else {eq.output: out}))
+    fixed, parts = blas_shift_pad.sub_ranges(sh.slots, [arrays[a.array].shape
+                                                        for a in sh.reads], rng)
+    assert fixed and len(parts) > 1
+    subs = [blas_shift.candidates(sh.inner, arrays, r, out.shape, out.strides, out.dtype)
+            for r in parts]
+    assert len({len(c) for c in subs}) == 1 and len(subs[0]) > 1
+    for c in range(len(subs[0])):
+        got = np.zeros_like(out) if start is None else start.copy()
+        if eq.assign == "=":
+            got[...] = 0
+        with _gemm(gemm):
+            for plans in subs:
+                blas_shift.run(plans[c], sh.inner, arrays, got, False, False, threads)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=str(c))
+    mine = {} if start is None else {eq.output: start.copy()}
+    with _gemm(gemm):
+        got = k(**arrays, **mine)
+    np.testing.assert_allclose(mine.get(eq.output, got), want, rtol=1e-10, atol=1e-10)
+
+
+def test_padded_gradient_runs_through_blas():
+    """The printed input gradient of a conv1d, dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j], at a
+    size where BLAS wins: one sub-range per value of j, each a blas_shift plan; equal to the
+    vjp's dx."""
+    k = Kernel("dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j]", threads=1)
+    conv = Kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", threads=1)
+    x, w = R.standard_normal((16, 32, 132)), R.standard_normal((32, 32, 5))
+    dy = R.standard_normal((16, 32, 128))
+    got = k(dy=dy, w=w, dx=np.zeros_like(x))
+    np.testing.assert_allclose(got, conv.vjp(dy, x=x, w=w)["x"], rtol=1e-10, atol=1e-10)
+    p = [p for p in k.shift_plan.plans.values() if p is not None][-1]
+    assert p.fixed == ("j",) and len(p.parts) == 5
+    assert [r["p"] for r, _ in p.parts] == [range(j, j + 128) for j in range(5)]
+
+
+def test_padded_reads_keep_the_loops_where_they_must():
+    """A pad value other than 0 reads non-zero outside the arrays: no Padded (the loops run
+    it); a sub-range too small for BLAS keeps the loops for the whole statement."""
+    assert kernel(PAD_CASES["dx"][0], pad=1.5).shift_plan is None
+    k, loops = PAD_KERNELS["dx"]
+    dy, w = R.standard_normal((2, 3, 4)), R.standard_normal((3, 2, 3))
+    got, want = k(dy=dy, w=w, dx=np.ones((2, 2, 6))), loops(dy=dy, w=w, dx=np.ones((2, 2, 6)))
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    rng = k.ranges(dy=dy, w=w, dx=got)
+    assert k.shift_plan.plan({"dy": dy, "w": w}, rng, got.shape, got.strides, got.dtype) is None

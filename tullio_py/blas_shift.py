@@ -41,8 +41,9 @@ from .blas_shift_cost import blasable as _blasable
 from .blas_shift_cost import chain as _chain
 from .blas_shift_cost import merges as _merges
 from .blas_shift_cost import prod as _prod
+from .blas_shift_pad import Padded
 from .blas_shift_run import run, step_threads  # noqa: F401  (run: the steps of a plan)
-from .ir import Access, Affine, Const, Equation, Param
+from .ir import Access, Affine, Const, Equation, Param, Wrapped
 from .memo import Memo
 from .ranges import affine_bounds, output_shape
 from .signature import CallSignature
@@ -112,16 +113,21 @@ class Shifted:
         return out
 
 
-def shifted(eq: Equation) -> Shifted | None:
-    """A Shifted for `eq` if it is a product of two reads at affine indices, else None."""
+def shifted(eq: Equation, pad=0) -> Shifted | Padded | None:
+    """A Shifted for `eq` if it is a product of two reads at affine indices, a Padded
+    (blas_shift_pad.py) if some of those are pad(affine) with the pad value `pad` 0, else
+    None."""
     if eq.reducer != "+" or eq.finaliser or eq.assign not in (":=", "=", "+=", "-="):
         return None
     if not all(isinstance(s, Affine) for s in eq.lhs.indices):
         return None
-    reads, scale = [], []
+    reads, scale, slots = [], [], []
     for f in factors(eq.rhs):
-        if isinstance(f, Access) and f.indices and all(isinstance(s, Affine) for s in f.indices):
-            reads.append(f)
+        if isinstance(f, Access) and f.indices and all(isinstance(s, Affine) or _padded(s)
+                                                       for s in f.indices):
+            slots += [(len(reads), d, s.inner) for d, s in enumerate(f.indices) if _padded(s)]
+            reads.append(replace(f, indices=tuple(s.inner if _padded(s) else s
+                                                  for s in f.indices)))
         elif isinstance(f, Param) or (isinstance(f, Const) and not isinstance(f.value, bool)):
             scale.append(f.name if isinstance(f, Param) else f.value)
         else:
@@ -131,7 +137,16 @@ def shifted(eq: Equation) -> Shifted | None:
     used = {n for a in reads for s in a.indices for n in s.names}
     if not {n for s in eq.lhs.indices for n in s.names} <= used:
         return None
-    return Shifted(eq, tuple(reads), tuple(scale))
+    if not slots:
+        return Shifted(eq, tuple(reads), tuple(scale))
+    if pad != 0:
+        return None
+    inner = replace(eq, assign="-=" if eq.assign == "-=" else "+=")
+    return Padded(eq, Shifted(inner, tuple(reads), tuple(scale)), tuple(slots))
+
+
+def _padded(s) -> bool:
+    return isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
 
 
 def _c_strides(shape, itemsize):

@@ -83,7 +83,7 @@ class Kernel:
                       if options.blas and target in ("auto", "cpu") and not self.given else None)
         # Other products of two reads at affine indices (shifts, strides, sub-ranges) run as
         # matmuls over strided views when the cost model says so (blas_shift.py).
-        self._shift = (_shift.shifted(self.equation)
+        self._shift = (_shift.shifted(self.equation, options.pad)
                        if options.blas and target in ("auto", "cpu") else None)
         self.summation_message = summation.message(self.equation)
         self._warned_by_tullio = False
