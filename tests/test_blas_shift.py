@@ -128,11 +128,15 @@ def test_plan_is_a_function_of_the_signature():
 
 
 def test_not_dispatched():
-    """Statements outside the rule keep the loops: functions, masks, pads, one read, max."""
+    """Statements outside the rule keep the loops: functions, masks, clamp, pads with a pad
+    value other than 0, one read, max."""
     for expr in ["y[i] := exp(x[i+j]) * w[j]", "y[i] := x[i+j] * w[j] * (i < 3)",
-                 "y[i] := x[pad(i+j-1, 1, 1)] * w[j]", "y[i] := x[i+j]",
+                 "y[i] := x[clamp(i+j-1)] * w[j]", "y[i] := x[i+j]",
                  "(max) y[i] := x[i+j] * w[j]", "y[i] *= x[i+j] * w[j]"]:
         assert blas_shift.shifted(kernel(expr).equation) is None, expr
+    padded = kernel("y[i] := x[pad(i+j-1, 1, 1)] * w[j]").equation
+    assert blas_shift.shifted(padded, 1.5) is None
+    assert isinstance(blas_shift.shifted(padded), blas_shift.Padded)
     assert kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", blas=False)._shift is None
 
 

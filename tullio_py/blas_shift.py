@@ -23,9 +23,11 @@ added into the output value by value (col2im).  Ranges need not cover the arrays
 cut to them), so gradient statements run with the forward's ranges go the same way.  blas.py
 keeps the pure contractions over whole arrays; `blas=False` keeps the generated loops for both.
 
-Not dispatched: anything but two float/complex reads times scalars (functions, masks, pads,
-gathers), other reductions, finalisers, `*=`, an output read on the right or sharing memory
-with an input, accesses outside the arrays (the loops report those), small work.
+Reads at pad(affine) run over the sub-ranges where they fall inside their arrays
+(blas_shift_pad.py).  Not dispatched: anything but two float/complex reads times scalars
+(functions, masks, clamp/mod, gathers, pads with a pad value other than 0), other
+reductions, finalisers, `*=`, an output read on the right or sharing memory with an input,
+accesses outside the arrays (the loops report those), small work.
 """
 from __future__ import annotations
 
