@@ -14,7 +14,7 @@ runs as one `np.matmul` over transposed views, written straight into a C-ordered
 the left-hand order (einsum would return a transposed result, which makes every later
 statement reading it stride through memory), with the scale factors applied in place.  A
 frontend may supply its own batched gemm for the duration of its calls (`gemm_provider`):
-torch's, on torch's threads, for calls with torch tensors.
+torch's, on torch's threads, for calls with torch tensors (blas_shift.py's steps use it too).
 
 Not dispatched: functions, masks, shifts, gathers, pads, other reductions, finalisers, `*=`,
 `ranges=`, integer arrays (numpy's einsum has no integer BLAS), an output also read on the right,
