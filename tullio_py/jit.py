@@ -18,7 +18,7 @@ import os
 import sys
 import threading
 
-from . import cache, memo, vecmath
+from . import cache, cpu_load, memo, vecmath
 from .codegen import Source
 
 _HEADERS = {
@@ -355,7 +355,8 @@ class thread_budget:
 
 def call(fn, args, parallel: bool, n: int | None):
     """fn(*args); when fn was compiled parallel, on n threads (None: numba's setting), at most
-    the thread budget of this Python thread."""
+    the thread budget of this Python thread and the CPUs other runnable threads leave free
+    (cpu_load.py)."""
     if not parallel:
         fn(*args)
         return
@@ -365,6 +366,9 @@ def call(fn, args, parallel: bool, n: int | None):
     budget = getattr(budgets, "n", None)
     if budget is not None:
         n = min(n or budget, budget)
+    if (n or _max) > 1:             # fewer threads while other threads wait for the CPUs
+        m = cpu_load.machine.limit(n or _max)
+        n = m if m < (n or _max) else n
     lock = _lock
     if lock is not None:
         lock.acquire()

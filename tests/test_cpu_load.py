@@ -1,0 +1,90 @@
+"""cpu_load.py: a parallel call runs on at most the CPUs that the machine's other runnable
+threads leave free, read from /proc/loadavg's runnable count at most every INTERVAL seconds;
+the thread count changes no result."""
+import numpy as np
+import pytest
+
+from tullio_py import cpu_load, jit, kernel, schedule
+
+
+@pytest.mark.parametrize("cpus,running,free", [(2, 1, 2), (2, 2, 1), (2, 9, 1), (8, 3, 6),
+                                               (8, 0, 8), (1, 1, 1)])
+def test_free_cpus(cpus, running, free):
+    assert cpu_load.free_cpus(cpus, running) == free
+
+
+@pytest.mark.parametrize("text,want", [("0.52 0.58 0.59 3/467 1234\n", 3),
+                                       ("12.6 11.4 7.67 12/179 7982", 12),
+                                       ("0.1 0.2 0.3", None), ("a b c x/y 1", None), ("", None)])
+def test_parse_running(text, want):
+    assert cpu_load.parse_running(text) == want
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_limit_reads_at_most_every_interval(tmp_path):
+    f = tmp_path / "loadavg"
+    f.write_text("1.0 1.0 1.0 1/100 5\n")
+    clock = Clock()
+    load = cpu_load.Load(str(f), interval=0.01, clock=clock, enabled=True, cpus=2)
+    assert load.limit(2) == 2 and load.limit(1) == 1
+    f.write_text("3.0 3.0 3.0 4/100 5\n")
+    clock.t += 0.005
+    assert load.limit(2) == 2                   # the reading is still fresh
+    clock.t += 0.01
+    assert load.limit(2) == 1 and load.limit(5) == 1
+    f.write_text("3.0 3.0 3.0 2/100 5\n")
+    clock.t += 0.02
+    assert load.limit(2) == 1                   # one other runnable thread takes one CPU
+    off = cpu_load.Load(str(f), clock=clock, enabled=False, cpus=2)
+    f.write_text("3.0 3.0 3.0 9/100 5\n")
+    assert off.limit(2) == 2
+
+
+def test_unreadable_count_turns_it_off(tmp_path):
+    load = cpu_load.Load(str(tmp_path / "missing"), clock=Clock(), enabled=True, cpus=2)
+    assert load.limit(2) == 2 and not load.enabled
+    (tmp_path / "odd").write_text("no count here\n")
+    load = cpu_load.Load(str(tmp_path / "odd"), clock=Clock(), enabled=True, cpus=2)
+    assert load.limit(2) == 2 and not load.enabled
+
+
+def test_environment_switch(monkeypatch):
+    monkeypatch.setenv("TULLIO_LOAD_AWARE", "0")
+    assert not cpu_load.Load().enabled
+    monkeypatch.setenv("TULLIO_LOAD_AWARE", "1")
+    assert cpu_load.Load(clock=Clock()).enabled
+
+
+def test_kernel_threads_follow_the_load(tmp_path, monkeypatch):
+    """A 2-thread kernel asks numba for 1 thread while another thread is runnable on 2 CPUs,
+    for 2 when none is, and computes the same bits either way (against numpy too)."""
+    monkeypatch.setattr(schedule, "PARALLEL_WORK_THRESHOLD", 0)
+    if jit.max_threads() < 2:
+        pytest.skip("numba has one thread here")
+    f = tmp_path / "loadavg"
+    clock = Clock()
+    load = cpu_load.Load(str(f), interval=0.01, clock=clock, enabled=True, cpus=2)
+    monkeypatch.setattr(cpu_load, "machine", load)
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((30, 20)), rng.standard_normal((20, 25))
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False, threads=2)
+    seen, real = [], jit.set_threads
+    monkeypatch.setattr(jit, "set_threads", lambda n: (seen.append(n), real(n))[1])
+    outs = {}
+    for running, want in ((3, 1), (1, 2), (2, 1)):
+        f.write_text(f"1.0 1.0 1.0 {running}/100 5\n")
+        clock.t += 1
+        seen.clear()
+        k._calls.entries.clear()        # the full call path, not a stored entry
+        outs[running] = np.asarray(k(A=A, B=B))
+        assert k._last.source.parallel
+        assert [n for n in seen if n is not None] == [want], (running, seen)
+    np.testing.assert_allclose(outs[1], A @ B, rtol=1e-12)
+    assert np.array_equal(outs[1], outs[3]) and np.array_equal(outs[1], outs[2])

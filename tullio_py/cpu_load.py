@@ -1,0 +1,94 @@
+"""How many threads a parallel kernel can use now: its thread count, at most the CPUs that the
+machine's other runnable threads leave free, and at least one.
+
+A parallel region ends when its slowest thread does.  When the machine has more runnable
+threads than CPUs (other processes, or another pool's workers spinning between their own
+regions: torch's OpenMP threads, OpenBLAS's), a thread of the region waits for a core, up to a
+scheduler time slice, and the whole region waits for it.  On a loaded 2-CPU machine, 2-thread
+kernels inside a torch training step ran 10-30x slower than the same kernels on one thread,
+which only wait for their own core.  So before a parallel call (jit.call) the number of
+runnable threads on the machine is read from the kernel (Linux: the fourth field of
+/proc/loadavg, an instant count that includes the calling thread), at most once every
+INTERVAL seconds, and the call runs on `min(threads, CPUs - other runnable threads)`.  The
+thread count never changes a result (schedule.py's plans do not depend on it), only how fast
+it comes.
+
+`TULLIO_LOAD_AWARE=0` in the environment turns this off (every call uses its thread count),
+for measurements that must use a fixed number of threads; where /proc/loadavg cannot be read
+it is off too.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+INTERVAL = 0.005        # seconds a reading of the runnable count is used for
+PATH = "/proc/loadavg"
+
+
+def free_cpus(cpus: int, running: int) -> int:
+    """CPUs not taken by other threads when `running` threads are runnable on the machine,
+    the caller's own included (at least 1)."""
+    return max(1, cpus - max(running - 1, 0))
+
+
+def parse_running(text: str) -> int | None:
+    """The runnable count in a /proc/loadavg line ('0.52 0.58 0.59 3/467 1234'), else None."""
+    parts = text.split()
+    if len(parts) < 4 or "/" not in parts[3]:
+        return None
+    head = parts[3].split("/", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+class Load:
+    """The machine's runnable-thread count, read from `path` at most every `interval` seconds
+    (`clock`: a monotonic clock), and the thread limit it implies."""
+    __slots__ = ("path", "interval", "clock", "enabled", "cpus", "at", "running")
+
+    def __init__(self, path: str = PATH, interval: float = INTERVAL, clock=time.monotonic,
+                 enabled: bool | None = None, cpus: int | None = None):
+        self.path, self.interval, self.clock = path, interval, clock
+        if enabled is None:
+            enabled = os.environ.get("TULLIO_LOAD_AWARE", "1").strip() != "0"
+        self.enabled = enabled
+        self.cpus = cpus if cpus is not None else _cpus()
+        self.at, self.running = None, None
+
+    def read(self) -> int | None:
+        """The runnable count now (a reading at most `interval` old), None where unknown."""
+        now = self.clock()
+        if self.at is not None and now - self.at < self.interval:
+            return self.running
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                text = os.read(fd, 128).decode("ascii", "replace")
+            finally:
+                os.close(fd)
+            running = parse_running(text)
+        except OSError:
+            running = None
+        if running is None:
+            self.enabled = False        # no such count here: stop looking
+        self.at, self.running = now, running
+        return running
+
+    def limit(self, threads: int) -> int:
+        """The threads a parallel call asking for `threads` runs on now."""
+        if threads <= 1 or not self.enabled:
+            return threads
+        running = self.read()
+        if running is None:
+            return threads
+        return min(threads, free_cpus(self.cpus, running))
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+machine = Load()        # the process's reader (jit.call asks it)
