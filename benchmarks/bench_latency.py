@@ -13,7 +13,9 @@ cache directory.  Run:  python benchmarks/bench_latency.py [--repeat 3] [--json 
                 a file, warm (the floor a numba user gets from numba's own cache).
 - warm small:   the first call of a 4x4 float32 matmul in a new process with the cache filled,
                 split into `import tullio_py`, `import numba` (measured alone) and the rest,
-                and which heavy modules (scipy.linalg, sympy, torch) that first call imported.
+                and which heavy modules (scipy.linalg, sympy, torch) that first call imported;
+                also with Python's bytecode cached (an installed package's case: measured
+                apart because PYTHONDONTWRITEBYTECODE may be set where this runs).
 - overhead:     microseconds per call on 4x4 float64 and float32 matmuls: kernel call, tullio(),
                 the bare numba function, np.einsum and torch.einsum on the same arrays, and the
                 ratios of the kernel call and tullio() to numpy's A @ B.
@@ -136,6 +138,8 @@ def run(code: str, cache_dir: str | None, extra_env: dict | None = None) -> dict
     if cache_dir is not None:
         env["TULLIO_CACHE_DIR"] = cache_dir
     env.update(extra_env or {})
+    if env.get("PYTHONDONTWRITEBYTECODE") == "":
+        del env["PYTHONDONTWRITEBYTECODE"]      # an empty value still counts as set
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=cache_dir or tempfile.gettempdir(), timeout=600)
     if out.returncode:
@@ -189,14 +193,23 @@ def main():
     r["import numba alone [s]"] = med(run("import time; t = time.perf_counter(); import numba; "
                                           "print(time.perf_counter() - t)", "")
                                       for _ in range(max(5, a.repeat)))
-    small = []
-    with tempfile.TemporaryDirectory() as d:
+    small, compiled = [], []
+    with tempfile.TemporaryDirectory() as d, tempfile.TemporaryDirectory() as pyc:
+        # as an installed package runs: Python's bytecode of tullio_py (and of everything it
+        # imports) cached too, whatever PYTHONDONTWRITEBYTECODE says here
+        bytecode = {"PYTHONPYCACHEPREFIX": pyc, "PYTHONDONTWRITEBYTECODE": ""}
         run(SMALL_FIRST, d)
+        run(SMALL_FIRST, d, bytecode)
         for _ in range(max(5, a.repeat)):
             small.append(run(SMALL_FIRST, d))
+            compiled.append(run(SMALL_FIRST, d, bytecode))
     r["warm first call, 4x4 matmul: import tullio_py [s]"] = med(s["import"] for s in small)
     r["warm first call, 4x4 matmul: the call [s]"] = med(s["first call"] for s in small)
     r["warm first call, 4x4 matmul: total [s]"] = med(s["import"] + s["first call"] for s in small)
+    r["warm first call, 4x4 matmul, bytecode cached: import tullio_py [s]"] = med(
+        s["import"] for s in compiled)
+    r["warm first call, 4x4 matmul, bytecode cached: total [s]"] = med(
+        s["import"] + s["first call"] for s in compiled)
     r["warm first call, 4x4 matmul: loaded from disk"] = small[-1]["disk_hits"]
     r["warm first call, 4x4 matmul: heavy modules imported"] = small[-1]["imported"]
     for dtype in ("float64", "float32"):

@@ -221,3 +221,26 @@ def test_a_disk_load_skips_numbas_registries(tmp_path):
     assert again["ok"] and again["new_ok"] and again["parallel"]
     assert (again["disk_hits"], again["compiles"]) == (2, 1)
     assert not again["registries"] and not again["scipy.linalg"]
+
+
+VJP_SCRIPT = r"""
+import json, sys
+import numpy as np
+from tullio_py import kernel, jit
+rng = np.random.default_rng(0)
+A, B, dC = rng.random((4, 3)), rng.random((3, 5)), rng.random((4, 5))
+k = kernel("C[i,k] := A[i,j] * B[j,k] + A[i,j]", threads=False, blas=False)
+g = k.vjp(dC, A=A, B=B)
+ok = bool(np.allclose(g["A"], dC @ B.T + dC.sum(1, keepdims=True)))
+ok = ok and bool(np.allclose(g["B"], A.T @ dC))
+print(json.dumps({"ok": ok, "sympy": "sympy" in sys.modules, **jit.stats.snapshot()}))
+"""
+
+
+def test_a_derivation_on_disk_spares_a_new_process_sympy(tmp_path):
+    """The first process derives the gradient with sympy and pickles the derivation; the next
+    one reads it (the same gradients, checked against numpy) without importing sympy."""
+    first = _finish(_start(tmp_path, VJP_SCRIPT))
+    assert first["ok"] and first["sympy"] and first["pickles_written"] >= 1
+    again = _finish(_start(tmp_path, VJP_SCRIPT))
+    assert again["ok"] and not again["sympy"] and again["pickle_hits"] >= 1

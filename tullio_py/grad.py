@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from . import memo
+from . import cache, memo
 from .grad_sympy import partials as _partials, times as _times
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue, Param,
                  Unary, Wrapped, map_expr, slot_names, walk)
@@ -99,9 +99,29 @@ def derive(eq: Equation, nograd: tuple[str, ...] = (), complex_mode: bool = Fals
     key = (eq, tuple(nograd), complex_mode, tuple(real_inputs), tuple(scalars))
     d = _CACHE.get(key)
     if d is None:
-        d = _CACHE[key] = _derive(eq, tuple(nograd), complex_mode, tuple(real_inputs),
-                                  tuple(scalars))
+        d = _stored(key)            # on disk: a new process's vjp imports no sympy
+        if d is None:
+            d = _derive(eq, tuple(nograd), complex_mode, tuple(real_inputs), tuple(scalars))
+            _store(key, d)
+        _CACHE[key] = d
     return d
+
+
+def _stored(key):
+    """The derivation pickled on disk under `key` (cache.py: keyed by the value of every
+    argument and the package's source), or None."""
+    try:
+        d = cache.load_pickle(("derivation", key))
+    except TypeError:               # a key without a stable text: not stored on disk
+        return None
+    return d if isinstance(d, Derivation) and d.forward == key[0] else None
+
+
+def _store(key, d):
+    try:
+        cache.store_pickle(("derivation", key), d)
+    except TypeError:
+        pass
 
 
 def _fresh(base: str, taken: set[str]) -> str:
