@@ -9,10 +9,17 @@
 - `cuda`: numba-cuda kernels (`cuda.render(plan) -> CudaSource`) and their launch shapes;
 - `fused`: several accumulating statements as one loop nest (`fused.render(plans)`).
 """
-from . import cuda, fused
 from .cpu import render
 from .expr import better, combine, identity_code
 from .source import SUM_FASTMATH, Source, arguments, range_argument
+
+
+def __getattr__(name: str):
+    """`cuda` and `fused` are imported on first use (a numpy forward call needs neither)."""
+    if name in ("cuda", "fused"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["render", "Source", "SUM_FASTMATH", "arguments", "range_argument", "better", "combine",
            "identity_code", "cuda", "fused"]
