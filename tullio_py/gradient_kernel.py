@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import bind as binding
-from . import grad as grad_mod, grad_print, jit, memo, rewrite, schedule, vjp_plan, vjp_run
+from . import grad as grad_mod, grad_print, jit, memo, rewrite, schedule, vjp_plan, vjp_rows, vjp_run
 from .errors import GradientError, SummationWarning
 from .signature import ArraySig, CallSignature
 from .ir import Access, Affine, Compare, Const, Equation, Param, Wrapped
@@ -147,6 +147,8 @@ class Gradient:
             inputs = {name: scalars.get(name, collected.get(name)) for name, _ in d.grads}
             p = vjp_plan.plan(d, rng, params, ns, cot.shape, cot.dtype, inputs,
                               st.complex_mode, self.kernel_for, k.options.fuse)
+            if k.options.fuse:
+                p = vjp_rows.group(p, self.kernel_for, ns, params)
             hit = (p, tuple(self.kernel_for(s.equation) for s in p.statements),
                    tuple(vjp_plan.as_ranges(s.ranges) for s in p.statements))
             if st.gathers:
@@ -193,11 +195,12 @@ class Gradient:
                           self.reads(d, eq.output), [(h, self.kernel_for(h)) for h in d.helpers],
                           grads, bool(eq.gathers()), complex_mode)
 
-    def fused_function(self, f: vjp_plan.Nest):
-        """The compiled function of a fused loop nest (compiled once per compile key)."""
-        fn = self._fused.get(f.key)
+    def fused_function(self, f):
+        """The compiled function of a fused loop nest or of a row group (vjp_plan.Nest or
+        vjp_plan.Rows; compiled once per compile key)."""
+        fn = self._fused.get((type(f), f.key))
         if fn is None:
-            fn = self._fused[f.key] = jit.load(f.source, "cpu", signature="; ".join(
+            fn = self._fused[type(f), f.key] = jit.load(f.source, "cpu", signature="; ".join(
                 k.arguments for k in f.key))
         return fn
 
@@ -285,9 +288,9 @@ class Gradient:
         for title, eqs in [("helper", d.helpers)] + [(f"gradient of {n}", e) for n, e in d.grads]:
             for g in eqs:
                 rec = record.get(str(g))
-                if rec is not None and rec[0] == "fused" and target == "cpu":
+                if rec is not None and rec[0] in ("fused", "rows") and target == "cpu":
                     if rec[1] is not shown:     # once for the statements it runs together
-                        parts.append(f"# ---- gradients run as one loop nest (fused)\n"
+                        parts.append(f"# ---- gradients run as one loop nest ({rec[0]})\n"
                                      f"{jit.module_text(rec[1], 'cpu')}")
                     shown = rec[1]
                     continue

@@ -12,8 +12,10 @@ functions):
   and the reads it takes as copies in another axis order (`relaid`: so that it runs
   register-blocked);
 - `Step`: how statements run: "loops" (its own kernel), "blas" (its own kernel hands the call
-  to BLAS: blas.py / blas_shift.py), or "fused" (several statements sharing one loop nest,
-  codegen/fused.py, with the rendered source in `Nest`);
+  to BLAS: blas.py / blas_shift.py), "fused" (several statements sharing one loop nest,
+  codegen/fused.py, with the rendered source in `Nest`), or "rows" (consecutive steps that
+  share a row index, run block of rows by block of rows, codegen/rows.py, in `Rows`: chosen
+  by vjp_rows.py after the others);
 - `VjpPlan`: all of it, in run order.
 
 vjp_run.py runs a plan with numpy arrays, frontends/cuda_vjp.py with arrays in GPU memory.  On
@@ -77,10 +79,20 @@ class Nest:
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Consecutive steps run as one loop over blocks of a row index (codegen/rows.py)."""
+    source: Source
+    key: tuple                      # the members' compile keys: its compile key
+    outputs: tuple[str, ...]        # the function's output argument of each member statement
+    consts: Pairs                   # its generated arguments' values (bounds, block rows, ...)
+
+
+@dataclass(frozen=True)
 class Step:
-    kind: str                       # "loops", "blas" or "fused"
-    members: tuple[int, ...]        # indices into VjpPlan.statements (one unless fused)
+    kind: str                       # "loops", "blas", "fused" or "rows"
+    members: tuple[int, ...]        # indices into VjpPlan.statements (one unless fused/rows)
     fused: Nest | None = None
+    rows: Rows | None = None
 
 
 @dataclass(frozen=True)

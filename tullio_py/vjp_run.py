@@ -31,9 +31,9 @@ def run_on(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):
 
 class Host:
     """The numpy frontend: `kernels[i]` runs `plan.statements[i]` over `ranges[i]` (its
-    ranges as a dict); `fused_function(Nest)` gives a fused nest's compiled function; what
-    each statement ran is written to `record` (statement text -> run_with_ranges' result, or
-    ("fused", source))."""
+    ranges as a dict); `fused_function(Nest or Rows)` gives a fused nest's (or a row group's)
+    compiled function; what each statement ran is written to `record` (statement text ->
+    run_with_ranges' result, or ("fused" or "rows", source))."""
 
     def __init__(self, kernels, ranges, params: dict, record: dict, fused_function, threads):
         self.kernels, self.ranges, self.params, self.record = kernels, ranges, params, record
@@ -44,15 +44,14 @@ class Host:
 
     def launch(self, plan: VjpPlan, step, ns: dict):
         params = self.params
-        if step.fused is None:
+        if step.fused is None and step.rows is None:
             k = step.members[0]
             s = plan.statements[k]
             self.record[s.text] = run_on(self.kernels[k], arrays_of(s, ns, params, run=True),
                                          self.ranges[k], ns[s.output], params)
             return
-        f = step.fused
-        named = dict(f.bound)
-        named.update(f.bounds)
+        f = step.fused or step.rows
+        named = dict(f.consts) if step.rows else {**dict(f.bound), **dict(f.bounds)}
         for k, name in zip(step.members, f.outputs):
             s = plan.statements[k]
             named.update(arrays_of(s, ns, params, run=True))
@@ -62,4 +61,4 @@ class Host:
         jit.call(self.fused_function(f), args, f.source.parallel,
                  schedule.thread_count(self.threads, jit.max_threads()))
         for k in step.members:
-            self.record[plan.statements[k].text] = ("fused", f.source)
+            self.record[plan.statements[k].text] = (step.kind, f.source)

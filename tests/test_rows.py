@@ -1,0 +1,127 @@
+"""Consecutive statements sharing a row index run block of rows by block of rows
+(codegen/rows.py's rule; vjp_rows.py groups a vjp plan's steps so): the rule on statements,
+and gradients run so against the same statements run one by one (fuse=False, bit for bit),
+numpy, and torch, on odd sizes, strided inputs, NaN and inf, on 1 and 2 threads."""
+import numpy as np
+import pytest
+
+from tullio_py import jit, kernel
+from tullio_py.codegen.rows import block_rows, row_index
+from tullio_py.parse import parse
+
+SOFTMAX = ["(max) m[i] := x[i,j]", "e[i,j] := exp(x[i,j] - m[i])", "z[i] := e[i,j]",
+           "y[i,j] := e[i,j] / z[i]"]
+
+
+def members(texts, ranges=None):
+    ranges = ranges or [{"i": range(0, 7), "j": range(0, 5)}] * len(texts)
+    return [([parse(t)], r) for t, r in zip(texts, ranges)]
+
+
+@pytest.mark.parametrize("texts,want", [
+    (SOFTMAX, "i"),                                                   # the docstring's example
+    (SOFTMAX[:1] + ["e[i,j] := exp(x[i,j] - m[i+1])"], None),         # m's next row: not yet
+    (SOFTMAX[:3] + ["y[i,j] := e[j,i] / z[i]"], None),                # e read with i elsewhere
+    (SOFTMAX[:2] + ["g[j] := e[i,j]"], None),                         # a column sum
+    (["y[i,j] := x[i+1,j] * w[j-i]", "z[i] := y[i,j]"], "i"),        # inputs: read anywhere
+    (["m[i] := x[i,j]", "y[i] := w[k] * (k == m[i])"], "i"),
+    (["m[i] := x[i,j]", "y[i] := w[J[i]]", "J[i] := x[i,j]"], None),  # J, written, in a gather
+    (["y[j,i] := x[i,j]", "z[i] := y[j,i]"], "i"),                     # i second, as written
+    (["y[j,i] := x[i,j]", "z[i] := y[i,j]"], None),                    # y read transposed
+    (["y[i,i] := x[i]", "z[i] := y[i,i]"], None),                      # i twice on the left
+    (SOFTMAX[:1], None),                                               # nothing to group
+])
+def test_rule(texts, want):
+    assert row_index(members(texts)) == want
+
+
+def test_rule_needs_the_same_range():
+    a, b = {"i": range(0, 7), "j": range(0, 5)}, {"i": range(1, 7), "j": range(0, 5)}
+    assert row_index(members(SOFTMAX[:2], [a, a])) == "i"
+    assert row_index(members(SOFTMAX[:2], [a, b])) is None
+    assert row_index(members(SOFTMAX[:2], [a, {"j": range(0, 5)}])) is None   # i fixed in code
+
+
+def test_block_rows():
+    assert block_rows(4096, 8 * 2048) == 16
+    assert block_rows(5, 8) == 5 and block_rows(100, 1 << 30) == 1 and block_rows(0, 8) == 1
+
+
+# ----------------------------------------------------------------------------- gradients
+# The argmax helper of a (max) and the gradient reading it; with a second input, a helper
+# and a fused nest of two gradients (codegen/fused.py) as the group's members.
+MAX = "(max) m[i] := x[i,j]"
+MAXW = "(max) y[i] := x[i,j] * w[i,j]"
+K_MAX, K_MAX0 = kernel(MAX, threads=True), kernel(MAX, threads=True, fuse=False)
+K_MAXW, K_MAXW0 = kernel(MAXW, threads=True), kernel(MAXW, threads=True, fuse=False)
+
+
+def data(layout, shape=(37, 23), seed=0):
+    r = np.random.default_rng(seed)
+    if layout == "transposed":
+        x = r.standard_normal(shape[::-1]).T
+    elif layout == "strided":
+        x = r.standard_normal((shape[0], 2 * shape[1]))[:, ::2]
+    else:
+        x = r.standard_normal(shape)
+    x[3, 5] = np.nan
+    x[4, :] = -np.inf
+    x[5, 2] = np.inf
+    x[6, 1] = x[6, 7] = 9.0         # a tie: the first one gets the gradient
+    return x, r
+
+
+def first_argmax(v):
+    return np.argmax(v)             # the first NaN, else the first maximal element
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("layout", ["c", "transposed", "strided"])
+def test_argmax_gradient_runs_by_rows(layout, threads):
+    x, r = data(layout)
+    dm = r.standard_normal(x.shape[0])
+    with jit.thread_budget(threads):
+        got = K_MAX.vjp(dm, x=x)["x"]
+        plain = K_MAX0.vjp(dm, x=x)["x"]
+    steps = K_MAX.gradient_side().last_plan.steps
+    assert [s.kind for s in steps] == ["rows"]
+    assert [s.kind for s in K_MAX0.gradient_side().last_plan.steps] == ["loops", "loops"]
+    assert np.array_equal(got, plain, equal_nan=True)
+    want = np.zeros_like(x)
+    for i in range(x.shape[0]):
+        want[i, first_argmax(x[i])] = dm[i]
+    assert np.array_equal(got, want)
+    assert "(rows)" in K_MAX.gradient_code and "_tullio_rows" in K_MAX.gradient_code
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_helper_and_fused_nest_run_by_rows(threads):
+    x, r = data("strided", (41, 19), seed=1)
+    w = r.standard_normal((41, 19))
+    dy = r.standard_normal(41)
+    with jit.thread_budget(threads):
+        got = K_MAXW.vjp(dy, x=x, w=w)
+        plain = K_MAXW0.vjp(dy, x=x, w=w)
+    plan = K_MAXW.gradient_side().last_plan
+    assert [s.kind for s in plan.steps] == ["rows"] and len(plan.steps[0].members) == 3
+    for n in "xw":
+        assert np.array_equal(got[n], plain[n], equal_nan=True)
+    p = x * w
+    wx, ww = np.zeros_like(x), np.zeros_like(w)
+    for i in range(x.shape[0]):
+        j = first_argmax(p[i])
+        wx[i, j], ww[i, j] = dy[i] * w[i, j], dy[i] * x[i, j]
+    assert np.array_equal(got["x"], wx, equal_nan=True)
+    assert np.array_equal(got["w"], ww, equal_nan=True)
+
+
+def test_rows_gradient_through_torch():
+    torch = pytest.importorskip("torch")
+    x, r = data("c", (33, 21), seed=2)
+    x = x[np.isfinite(x).all(axis=1) & (np.arange(33) != 6)]     # torch's max: no ties, no NaN
+    xt = torch.tensor(x, requires_grad=True)
+    g = torch.tensor(r.standard_normal(x.shape[0]))
+    K_MAX(x=xt).backward(g)
+    xr = xt.detach().clone().requires_grad_(True)
+    xr.max(dim=1).values.backward(g)
+    assert torch.equal(xt.grad, xr.grad)

@@ -1,0 +1,129 @@
+"""Consecutive statements that share a row index, run as one loop over blocks of rows.
+
+Statements run one after the other each stream their arrays through memory: the softmax's
+`(max) m[i] := x[i,j]`, `e[i,j] := exp(x[i,j] - m[i])`, `z[i] := e[i,j]`,
+`y[i,j] := e[i,j] / z[i]` make four passes over 8 MB arrays at 4096x512 float32.  Run as
+one parallel loop over blocks of rows i, whose body runs each statement over that block in
+turn, the block's rows are still in the cache when the next statement reads them.
+
+The rule (`row_index`), for statements S1..Sn run in this order and an index r:
+- r is bare (no shift, stride or wrapper) in one position of every statement's left-hand
+  side, which has no gather nor wrapper anywhere: the tuples with r in a block write only
+  elements whose coordinate there is in that block;
+- every statement iterates r over the same range;
+- every access (left or right) of an array that some statement of the group writes has r
+  bare in the position where the statements write it (the same for every statement writing
+  it), and no gather reads such an array.  So once Sk ran over a block, the rows of its
+  output in that block hold their final values; a later statement reads only those rows
+  (read after write), an earlier one read them before Sk wrote them (write after read), and
+  two writers of an array write it in statement order (write after write) -- each row
+  sees exactly the order of the statements run one by one, and blocks share no element,
+  so they may run on different threads.
+Arrays that no statement of the group writes may be read anywhere.
+
+Worked example, the softmax above with r = i: every left-hand side has i bare first; the
+written arrays m, e, z, y are read only as m[i], e[i,j], z[i] (position 0, as written): the
+four statements run as `for block of rows (threads): m rows; e rows; z rows; y rows`.
+`e[i,j] := exp(x[i,j] - m[i+1])` breaks it (m's next row belongs to the next block, not yet
+written), as does `y[i,j] := e[j,i] / z[i]` (e read with i in another position) and a column
+sum `g[j] := e[i,j]` (its left-hand side lacks i: every block adds to all of g).
+
+Each statement runs the function its own kernel would run (`render`): the source rendered
+from its plan, compiled serial and called with the block's bounds for r.  Every element is
+computed by the same code in the same order as when the statement runs alone, so the results
+are equal bit for bit and do not depend on the number of threads.  Statements whose plan
+fixes r's bounds in the code (`Plan.fixed`), splits work into chunks with partial results,
+scatters, or reads a snapshot of its output are not grouped (the callers check).
+"""
+from __future__ import annotations
+
+import re
+
+from ..ir import Affine, Equation, Gather, Wrapped
+from .source import Source
+from .text import code_name, user_arg
+
+BLOCK_BYTES = 1 << 18   # a block's rows of every array the group touches: about an L2 cache
+_MODULE_NAMES = ("_T", "_pad")    # module-level names of a rendered function's text
+
+
+def row_index(members: list[tuple[list[Equation], dict]]) -> str | None:
+    """The row index of the rule (module docstring) for `members` run in order, each the
+    statements run by one function and the index ranges it iterates; None when the rule
+    holds for no index."""
+    if len(members) < 2:
+        return None
+    eqs = [e for es, _ in members for e in es]
+    first = eqs[0]
+    for s in first.lhs.indices:
+        if isinstance(s, Affine) and s.is_bare and _holds(s.names[0], members, eqs):
+            return s.names[0]
+    return None
+
+
+def _holds(r: str, members, eqs: list[Equation]) -> bool:
+    rng = members[0][1].get(r)
+    if rng is None or any(m[1].get(r) != rng for m in members):
+        return False
+    where: dict = {}            # written array -> position of r on its left-hand side
+    for e in eqs:
+        lhs = e.lhs.indices
+        if any(not isinstance(s, Affine) for s in lhs):
+            return False
+        pos = [d for d, s in enumerate(lhs) if r in s.names]
+        if len(pos) != 1 or not lhs[pos[0]].is_bare or where.setdefault(e.output, pos[0]) != pos[0]:
+            return False
+    for e in eqs:
+        for a in e.accesses():
+            for s in a.indices:
+                inner = s.inner if isinstance(s, Wrapped) else s
+                if isinstance(inner, Gather) and inner.array in where:
+                    return False
+            d = where.get(a.array)
+            if d is None:
+                continue
+            s = a.indices[d] if d < len(a.indices) else None
+            if not (isinstance(s, Affine) and s.is_bare and s.names == (r,)):
+                return False
+    return True
+
+
+def block_rows(rows: int, bytes_per_row: int) -> int:
+    """Rows per block: the group's rows of a block fill about BLOCK_BYTES (at least one)."""
+    return max(1, min(max(rows, 1), BLOCK_BYTES // max(bytes_per_row, 1)))
+
+
+def render(sources: list[Source], row: str) -> tuple[Source, list[list[tuple[str, str]]]]:
+    """One function running the functions of `sources` (each rendered for its statements as
+    its kernel runs them) block by block of rows of index `row`, the blocks across threads.
+    Returns its Source, whose `args` are the caller's names (user names, `_start_<row>` /
+    `_stop_<row>`, `_rows` the rows of a block, `_m<k>...` a member's other generated
+    arguments), and per member the (driver argument, member argument) pairs, by the caller's
+    names, that say where each driver argument's value comes from."""
+    lo, hi = f"_start_{code_name(row)}", f"_stop_{code_name(row)}"
+    parts, calls, driver, members = [], [], [], []
+    for k, src in enumerate(sources):
+        text = src.text
+        for name in (*_MODULE_NAMES, src.name):
+            text = re.sub(rf"(?<![\w.]){name}(?!\w)", f"{name}_m{k}", text)
+        flags = set(src.fastmath) if isinstance(src.fastmath, tuple) else src.fastmath
+        params = re.search(rf"def {src.name}_m{k}\((.*?)\):", text).group(1).split(", ")
+        parts.append(f"{text}\n_f{k} = _njit(fastmath={flags!r}, error_model='numpy')"
+                     f"({src.name}_m{k})\n")
+        names = [p if p in (lo, hi) or not p.startswith("_") else f"_m{k}{p}" for p in params]
+        driver += [n for n in names if n not in driver and n not in (lo, hi)]
+        members.append([(user_arg(n), user_arg(p)) for n, p in zip(names, params)
+                        if n not in (lo, hi)])
+        calls.append(f"        _f{k}({', '.join(_block(n, lo, hi) for n in names)})")
+    args = driver + [lo, hi, "_rows"]
+    text = ("from numba import njit as _njit\n" + "\n".join(parts)
+            + f"\n\ndef _tullio_rows({', '.join(args)}):\n"
+            f"    _n = ({hi} - {lo} + _rows - 1) // _rows\n"
+            f"    for _b in _prange(max(_n, 0)):\n"
+            f"        _lo = {lo} + _b * _rows\n"
+            f"        _hi = min(_lo + _rows, {hi})\n" + "\n".join(calls) + "\n")
+    return Source(text, "_tullio_rows", tuple(user_arg(a) for a in args), True, False), members
+
+
+def _block(name: str, lo: str, hi: str) -> str:
+    return "_lo" if name == lo else "_hi" if name == hi else name

@@ -1,0 +1,99 @@
+"""Consecutive steps of a vjp plan that share a row index, as one "rows" step.
+
+After vjp_plan.py chose the steps, consecutive "loops" and "fused" steps that satisfy
+codegen/rows.py's rule run as one loop over blocks of rows, each step's own function running
+over the block in turn (the argmax helper `(min) m_arg[i] := ...` of `(max) m[i] := x[i,j]`
+and `dx[i,j] += dm[i] * where(j == m_arg[i], 1, 0)`: x's rows are read by the second while
+the first left them in the cache).  Each member runs the code it runs alone, so the values are
+those of the steps run one by one, bit for bit, on any number of threads.  Only with
+`fuse=True` (the default): `fuse=False` keeps one kernel per statement.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from . import codegen, schedule
+from .codegen import fused, range_argument, rows as rows_mod
+from .vjp_plan import Rows, Step, VjpPlan, arrays_of, as_ranges, standin
+
+
+def group(p: VjpPlan, kernel_for, values: dict, params: dict) -> VjpPlan:
+    """`p` with its row groups as "rows" steps; `values`: the arrays and scalars the vjp
+    reads, by name (its zeroed arrays are added as stand-ins)."""
+    values = {**values, **{a.name: standin(a.shape, a.dtype) for a in p.arrays}}
+    kernels = [kernel_for(s.equation) for s in p.statements]
+    steps = row_groups(list(p.steps), p.statements, kernels, values, params, True)
+    return p if steps == p.steps else replace(p, steps=steps)
+
+
+def row_groups(steps: list, statements, kernels: list, values: dict, params: dict,
+               fuse: bool) -> tuple[Step, ...]:
+    """Consecutive "loops" and "fused" steps that share a row index by codegen/rows.py's rule
+    (the argmax helper `(min) m_arg[i] := ...` and `dx[i,j] += dm[i] * where(j == m_arg[i],
+    1, 0)`) as one "rows" step (with `fuse`; each runs its own function, so the values are
+    those of the steps run one by one, bit for bit)."""
+    info = [_row_member(st, statements, kernels, values, params) if fuse else None
+            for st in steps]
+    out, k = [], 0
+    while k < len(steps):
+        end, row = k + 1, None
+        while info[k] is not None and end < len(steps) and info[end] is not None:
+            r = rows_mod.row_index([(m[0], m[1]) for m in info[k:end + 1]])
+            if r is None:
+                break
+            row, end = r, end + 1
+        if row is None:
+            out.append(steps[k])
+            k += 1
+            continue
+        source, pairs = rows_mod.render([m[2] for m in info[k:end]], row)
+        rng = info[k][1][row]
+        consts = {f"_start_{row}": rng.start, f"_stop_{row}": rng.stop}
+        for m, member in zip(info[k:end], pairs):
+            consts.update((d, m[4][a]) for d, a in member if d.startswith("_m"))
+        per_row = sum(values[n].nbytes // max(len(rng), 1) for n in dict.fromkeys(
+            a.array for m in info[k:end] for e in m[0] for a in (e.lhs, *e.accesses())
+            if any(row in x.names for x in a.indices)) if isinstance(values.get(n), np.ndarray))
+        consts["_rows"] = rows_mod.block_rows(len(rng), per_row)
+        members = tuple(j for st in steps[k:end] for j in st.members)
+        out.append(Step("rows", members, rows=Rows(
+            source, tuple(c for m in info[k:end] for c in m[3]),
+            tuple(o for m in info[k:end] for o in m[5]), tuple(consts.items()))))
+        k = end
+    return tuple(out)
+
+
+def _row_member(step: Step, statements, kernels, values: dict, params: dict):
+    """(equations, ranges, source, compile keys, generated arguments' values, output
+    arguments) of a step that may join a "rows" step, else None: a statement's own loops that
+    run plainly (no BLAS, relaid copy, snapshot, scatter, chunks, blocks or register tiles),
+    or a fused nest without per-block partial sums.  An index whose bounds the code fixes
+    (Plan.fixed) is left out of the ranges, so it cannot be the row index."""
+    plans, lows, keys = [], [], []
+    for k in step.members:
+        s, gk = statements[k], kernels[k]
+        if step.kind not in ("loops", "fused") or s.relayout or gk.target not in ("auto", "cpu"):
+            return None
+        arrays, out = arrays_of(s, values, params), values[s.output]
+        plan, key, low = gk.plan_for(arrays, as_ranges(s.ranges), out.dtype, out.shape)
+        if low.snapshot or plan.scatter or plan.chunked or plan.block or plan.collapse \
+                or plan.partial or plan.jam:
+            return None
+        plans.append(plan), lows.append(low), keys.append(key)
+    fixed = {v for p in plans for v, _, _ in p.fixed}
+    if step.kind == "fused":
+        f = step.fused
+        if fused.partial_members(schedule.fuse(plans)):
+            return None
+        rng, source, consts, outputs = as_ranges(f.ranges), f.source, {**dict(f.bound),
+                                                                       **dict(f.bounds)}, f.outputs
+    else:
+        rng, source, outputs = lows[0].ranges, codegen.render(plans[0]), (plans[0].equation.output,)
+        consts = {a: range_argument(a, rng) if a.startswith(("_start_", "_stop_"))
+                  else lows[0].bound_params[a] for a in source.args
+                  if a.startswith("_") and not a.startswith("_old_")}
+    rng = {n: r for n, r in rng.items() if n not in fixed}
+    return [p.equation for p in plans], rng, source, tuple(keys), consts, outputs
+
