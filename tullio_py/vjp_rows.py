@@ -52,7 +52,7 @@ def row_groups(steps: list, statements, kernels: list, values: dict, params: dic
         rng = info[k][1][row]
         consts = {f"_start_{row}": rng.start, f"_stop_{row}": rng.stop}
         for m, member in zip(info[k:end], pairs):
-            consts.update((d, m[4][a]) for d, a in member if d.startswith("_m"))
+            consts.update((d, m[4][a]) for d, a in member if a in m[4])
         per_row = sum(values[n].nbytes // max(len(rng), 1) for n in dict.fromkeys(
             a.array for m in info[k:end] for e in m[0] for a in (e.lhs, *e.accesses())
             if any(row in x.names for x in a.indices)) if isinstance(values.get(n), np.ndarray))
@@ -87,13 +87,16 @@ def _row_member(step: Step, statements, kernels, values: dict, params: dict):
         f = step.fused
         if fused.partial_members(schedule.fuse(plans)):
             return None
-        rng, source, consts, outputs = as_ranges(f.ranges), f.source, {**dict(f.bound),
-                                                                       **dict(f.bounds)}, f.outputs
+        rng, source, outputs = as_ranges(f.ranges), f.source, f.outputs
+        given = {**dict(f.bound), **dict(f.bounds)}
     else:
         rng, source, outputs = lows[0].ranges, codegen.render(plans[0]), (plans[0].equation.output,)
-        consts = {a: range_argument(a, rng) if a.startswith(("_start_", "_stop_"))
-                  else lows[0].bound_params[a] for a in source.args
-                  if a.startswith("_") and not a.startswith("_old_")}
+        given = {a: range_argument(a, rng) for a in source.args
+                 if a.startswith(("_start_", "_stop_"))}
+        given.update(lows[0].bound_params)
+    consts = {a: given[a] for a in source.args if a in given}
+    if any(a.startswith("_") and a not in consts for a in source.args):
+        return None         # a generated argument whose value is not known here
     rng = {n: r for n, r in rng.items() if n not in fixed}
     return [p.equation for p in plans], rng, source, tuple(keys), consts, outputs
 
