@@ -125,3 +125,55 @@ def test_rows_gradient_through_torch():
     xr = xt.detach().clone().requires_grad_(True)
     xr.max(dim=1).values.backward(g)
     assert torch.equal(xt.grad, xr.grad)
+
+
+# ----------------------------------------------------------------------------- spread gradients
+# A gradient constant along some dimensions (vjp_plan.spread_dims) runs without them: numpy
+# gets an array of its own, torch an expanded tensor (as torch's own sum backward).
+K_MEAN, K_MEAN0 = kernel("mu[i] := x[i,j] * inv_n"), kernel("mu[i] := x[i,j] * inv_n", fuse=False)
+SM = [kernel(t) for t in ["(max) m[i] := x[i,j]", "e[i,j] := exp(x[i,j] - m[i])",
+                          "z[i] := e[i,j]", "y[i,j] := e[i,j] / z[i]"]]
+
+
+def test_spread_gradient_numpy():
+    x, r = data("strided", (29, 13), seed=3)
+    dmu = r.standard_normal(29)
+    got = K_MEAN.vjp(dmu, x=x, inv_n=1 / 13)["x"]
+    (a,) = K_MEAN.gradient_side().last_plan.arrays
+    assert a.spread == ((29, 13), (1,)) and a.shape == (29,)
+    assert got.flags.c_contiguous and got.flags.writeable
+    assert np.array_equal(got, K_MEAN0.vjp(dmu, x=x, inv_n=1 / 13)["x"])
+    assert np.array_equal(got, np.repeat((dmu * (1 / 13))[:, None], 13, axis=1))
+    assert K_MEAN.gradient_equations == {"x": ["dx[i, j] += dmu[i] * inv_n"]}
+    assert "stride 0" in K_MEAN.gradient_code and "dx_[i_] = " in K_MEAN.gradient_code
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("layout", ["c", "transposed"])
+def test_softmax_layer_through_torch(layout, threads):
+    """The softmax of bench_layers (four statements) forward and backward against torch's,
+    float64, NaN and inf rows included: z's gradient of e arrives as an expanded tensor."""
+    torch = pytest.importorskip("torch")
+    x, r = data(layout, (31, 17), seed=4)
+    x[6, 7] = 8.0
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        xt = torch.tensor(x, requires_grad=True) if layout == "c" else \
+            torch.tensor(x.T.copy()).T.requires_grad_(True)
+        g = torch.tensor(r.standard_normal(x.shape))
+        m = SM[0](x=xt).detach()
+        e = SM[1](x=xt, m=m)
+        y = SM[3](e=e, z=SM[2](e=e))
+        y.backward(g)
+        xr = xt.detach().clone().requires_grad_(True)
+        yr = torch.softmax(xr, -1)
+        yr.backward(g)
+    finally:
+        torch.set_num_threads(old)
+    ok = torch.isfinite(xr.grad).all(dim=1)
+    assert not ok.all()                           # the NaN and inf rows are there
+    assert torch.equal(torch.isnan(y), torch.isnan(yr))
+    assert torch.allclose(y[ok], yr[ok], rtol=1e-12, atol=1e-14)
+    assert torch.allclose(xt.grad[ok], xr.grad[ok], rtol=1e-10, atol=1e-12)
+    assert torch.equal(torch.isnan(xt.grad).any(dim=1), ~ok)

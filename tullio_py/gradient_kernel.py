@@ -114,6 +114,12 @@ class Gradient:
 
     # ------------------------------------------------------------------ vjp
     def vjp(self, cotangent, **arrays) -> dict:
+        return self.vjp_views(cotangent, arrays, False)
+
+    def vjp_views(self, cotangent, arrays: dict, views: bool) -> dict:
+        """vjp; `views`: a gradient constant along some dimensions may be returned as a
+        zero-stride view (vjp_plan.spread_dims; the torch frontend passes it on as an expanded
+        tensor), else every gradient is an array of its own."""
         k, eq = self.fwd, self.fwd.equation
         cot = np.asarray(cotangent)
         out_value = old_output(eq, arrays, "gradient", "vjp")
@@ -165,6 +171,10 @@ class Gradient:
             if x.dtype.kind != "c" and dx.dtype.kind == "c":
                 dx = dx.real
             result[name] = dx.astype(x.dtype, copy=False)
+        if not views:
+            for a in p.arrays:
+                if a.spread and a.input in result:
+                    result[a.input] = np.ascontiguousarray(result[a.input])
         self._last = (d, rng, st.shapes, params, record)
         return result
 
@@ -284,6 +294,9 @@ class Gradient:
         record = self._last[4] if self._last else {}
         relaid = {s.text: s.relayout for s in (self._last_plan.statements
                                                 if self._last_plan else ())}
+        spread = {s.text: a.spread[1] for s in (self._last_plan.statements if self._last_plan
+                                                 else ()) for a in self._last_plan.arrays
+                  if a.name == s.output and a.spread}
         parts, shown = [], None
         for title, eqs in [("helper", d.helpers)] + [(f"gradient of {n}", e) for n, e in d.grads]:
             for g in eqs:
@@ -296,6 +309,10 @@ class Gradient:
                     continue
                 if rec is not None and target == "cpu":
                     text = jit.module_text(rec[0].source, "cpu")
+                    if str(g) in spread:
+                        text = (f"# constant along dimensions {spread[str(g)]} of the gradient: "
+                                "run without them, spread along them with stride 0 "
+                                "(vjp_plan.spread_dims)\n" + text)
                     moved = relaid.get(str(g), ())
                     if moved:
                         text = "".join(f"# reads a C-ordered copy of {n} with axes {tuple(a)} "

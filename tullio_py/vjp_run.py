@@ -11,17 +11,18 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit, schedule
-from .vjp_plan import VjpPlan, arrays_of
+from .vjp_plan import VjpPlan, arrays_of, spread
 
 
 def run(plan: VjpPlan, frontend, ns: dict) -> dict:
     """Run `plan` on the arrays and scalars of `ns` (by name; the zeroed arrays are added to
-    it): {input: its gradient array, in the gradient's dtype}."""
+    it): {input: its gradient array, in the gradient's dtype; a zero-stride view where the
+    gradient is constant along some dimensions (vjp_plan.spread_dims)}."""
     for a in plan.arrays:
         ns[a.name] = frontend.zeros(a)
     for step in plan.steps:
         frontend.launch(plan, step, ns)
-    return {a.input: ns[a.name] for a in plan.arrays if a.input is not None}
+    return {a.input: spread(a, ns[a.name]) for a in plan.arrays if a.input is not None}
 
 
 def run_on(k, arrays: dict, rng: dict, out: np.ndarray, params: dict):

@@ -259,9 +259,10 @@ def param_value(t: torch.Tensor):
 
 @torch_threads
 def run_backward(spec: Spec, others: dict, saved: dict, shapes: dict, gout: torch.Tensor, out,
-                 needs) -> list:
+                 needs, views: bool = False) -> list:
     """Gradients (torch tensors, or None) for spec.tensors, computed by the kernel's vjp for
-    the names in `needs`; arrays not saved are zero-stride placeholders."""
+    the names in `needs`; arrays not saved are zero-stride placeholders.  `views`: a gradient
+    constant along some dimensions may be an expanded tensor (Gradient.vjp_views)."""
     kernel = spec.kernel
     np_arrays = {}
     for n in spec.tensors:
@@ -273,7 +274,7 @@ def run_backward(spec: Spec, others: dict, saved: dict, shapes: dict, gout: torc
             np_arrays[n] = placeholder(shape, np_compute_dtype(dt))
     np_arrays.update(others)
     grads = vjp_mod.vjp(kernel, to_numpy(gout), np_arrays, needs,
-                             None if out is None else to_numpy(out))
+                        None if out is None else to_numpy(out), views)
     result = []
     for n in spec.tensors:
         if n in needs and grads.get(n) is not None:

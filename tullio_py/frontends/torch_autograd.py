@@ -132,8 +132,8 @@ class Apply(torch.autograd.Function):
         # level: nothing could differentiate or batch Vjp) its forward runs as it is
         plain = not torch.is_grad_enabled() and not torch._C._are_functorch_transforms_active() \
             and getattr(torch.autograd.forward_ad, "_current_level", 0) < 0
-        grads = iter((Vjp.forward if plain else Vjp.apply)(
-            spec, ctx.others, needs, ctx.keep_out, gout.contiguous(), out, *tensors))
+        args = (spec, ctx.others, needs, ctx.keep_out, gout.contiguous(), out, *tensors)
+        grads = iter(Vjp.forward(*args, views=True) if plain else Vjp.apply(*args))
         return (None, None, *[next(grads) if n in needs else None for n in spec.tensors])
 
     @staticmethod
@@ -203,10 +203,12 @@ class Vjp(_FirstOrder):
     generate_vmap_rule = False
 
     @staticmethod
-    def forward(spec, others, needs, keep_out, gout, out, *tensors):
+    def forward(spec, others, needs, keep_out, gout, out, *tensors, views=False):
+        """`views` (called directly, with no graph to record): a gradient constant along some
+        dimensions may be an expanded tensor (vjp_plan.spread_dims)."""
         shapes = {n: (tuple(t.shape), t.dtype) for n, t in zip(spec.tensors, tensors)}
         grads = tf.run_backward(spec, others, dict(zip(spec.tensors, tensors)), shapes, gout,
-                                out if keep_out else None, set(needs))
+                                out if keep_out else None, set(needs), views)
         return tuple(g if g is not None else torch.zeros(shapes[n][0], dtype=shapes[n][1])
                      for n, g in zip(spec.tensors, grads) if n in needs)
 

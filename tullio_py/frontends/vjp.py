@@ -59,8 +59,9 @@ def _reads(kernel, needs, complex_mode: bool) -> tuple[set[str], bool]:
     return keep - {eq.output}, eq.output in keep
 
 
-def vjp(kernel, cotangent, arrays: dict, needs, out=None) -> dict:
-    """{name: gradient} for the names in `needs` (numpy arrays in and out)."""
+def vjp(kernel, cotangent, arrays: dict, needs, out=None, views: bool = False) -> dict:
+    """{name: gradient} for the names in `needs` (numpy arrays in and out; `views`: a
+    gradient constant along some dimensions may be a zero-stride view, Gradient.vjp_views)."""
     if not needs:
         return {}
     if not hasattr(kernel, "vjp"):
@@ -69,5 +70,6 @@ def vjp(kernel, cotangent, arrays: dict, needs, out=None) -> dict:
     sub = subset_kernel(kernel, needs)
     if out is not None:
         arrays = {**arrays, kernel.equation.output: out}
-    grads = sub.vjp(cotangent, **arrays)
+    grads = (sub.gradient_side().vjp_views(cotangent, arrays, True) if views
+             else sub.vjp(cotangent, **arrays))
     return {n: g for n, g in grads.items() if n in needs}
