@@ -8,6 +8,8 @@
 - `cpu`: the CPU / python loop nest (`render(plan) -> Source`);
 - `cuda`: numba-cuda kernels (`cuda.render(plan) -> CudaSource`) and their launch shapes;
 - `fused`: several accumulating statements as one loop nest (`fused.render(plans)`).
+- `rows`: consecutive statements that share a row index, run block of rows by block of rows
+  (`rows.row_index`, the rule; `rows.render`).
 """
 from .cpu import render
 from .expr import better, combine, identity_code
