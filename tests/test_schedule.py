@@ -148,6 +148,7 @@ SAFETY = [
     "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
     "s := A[i] * B[i]",
     "A[i,i] := B[i,j]",
+    "dE[J[b,k], d] += dy[b,d]",
 ]
 
 
@@ -346,3 +347,60 @@ def test_split_rule_at_layer_sizes():
     p = schedule.plan(parse("(max) y[b,c,h,v] := x[b,c,2h+i,2v+j]"), pool, "float32", threads=2)
     assert p.loops[0].index == "b" and p.loops[0].parallel and not p.collapse
     assert [lp.index for lp in p.loops][:3] == list("bch")
+
+
+# ----------------------------------------------------------------------------- scatter
+EMBAG_GRAD = "dE[J[b,k], d] += dy[b,d]"
+
+
+@pytest.mark.parametrize("rows,n_d,split", [
+    (400, 37, "d"),         # a large output: d in one block (too short for two)
+    (6, 600, "d"),          # d in two blocks of 300
+    (6, 37, "partial"),     # a small output, d short: per-block copies of dE over b
+])
+def test_scatter_splits_only_its_contiguous_index(rows, n_d, split):
+    """The embedding-bag gradient: the rows J[b,k] collide across b and k, so only d may be
+    split; it stays innermost, in blocks of at least SCATTER_BLOCK under the prange, or the
+    scatter runs in blocks of b with copies of dE when dE is small and d short.  Colliding rows,
+    odd sizes and a strided cotangent against np.add.at and the reference; every thread count
+    gives the same bits (each element sums its contributions in a fixed order)."""
+    rng = np.random.default_rng(7)
+    J = rng.integers(0, 6, (23, 5))                  # 115 tuples into 6 rows
+    dy = rnd(23, 2 * n_d, seed=n_d)[:, ::2]
+    want = np.zeros((rows, n_d))
+    np.add.at(want, J.ravel(), np.repeat(dy, 5, axis=0))
+    results, plans = [], []
+    for threads in (True, 2, 1, False):
+        k = kernel(EMBAG_GRAD, blas=False, threads=threads)
+        dE = np.zeros((rows, n_d))
+        k(dE=dE, dy=dy, J=J)
+        results.append(dE)
+        plans.append(k._last.plan)
+    plan = plans[0]
+    assert [lp.index for lp in plan.loops] == ["b", "k", "d"]
+    if split == "d":
+        assert [lp.index for lp in plan.loops if lp.parallel] == ["d"]
+        assert plan.chunked == "d" and plan.partial is None and not plan.collapse
+    else:
+        assert not any(lp.parallel for lp in plan.loops)
+        assert (plan.chunked, plan.partial) == ("b", "array")
+    for got in results[1:]:
+        np.testing.assert_array_equal(got, results[0])
+    np.testing.assert_allclose(results[0], want, rtol=1e-12, atol=1e-12)
+    ref = evaluate(parse(EMBAG_GRAD), dict(J=J, dy=dy),
+                   kernel(EMBAG_GRAD).ranges(dE=np.zeros((rows, n_d)), dy=dy, J=J),
+                   np.zeros((rows, n_d)))
+    np.testing.assert_allclose(results[0], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_embedding_bag_gradient_scatters_rows():
+    """y[b,d] := E[J[b,k], d]: its vjp for E is that scatter, d innermost."""
+    rng = np.random.default_rng(8)
+    J = rng.integers(0, 9, (31, 4))
+    E, dy = rnd(9, 45), rnd(31, 45, seed=3)
+    k = kernel("y[b,d] := E[J[b,k], d]", threads=True)
+    np.testing.assert_allclose(k(E=E, J=J), E[J].sum(1), rtol=1e-12)
+    want = np.zeros_like(E)
+    np.add.at(want, J.ravel(), np.repeat(dy, 4, axis=0))
+    np.testing.assert_allclose(k.vjp(dy, E=E, J=J)["E"], want, rtol=1e-12, atol=1e-12)
+    assert "loops (outer to inner): b, k, d [threads]" in k.gradient_code, k.gradient_code

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..schedule import Plan
+from ..schedule import SCATTER_BLOCK, Plan
 from .blocked import render_jam
 from .bounds import loop_bounds
 from .emit import Emitter, under
@@ -295,6 +295,8 @@ def _scatter(nest: Nest):
         else:
             out.add(combine(red, f"{eq.output}[{el}]", src, dtype))
         return
+    if plan.chunked:                # a safe innermost index, in blocks (schedule.plan)
+        nest.open_chunks(least=SCATTER_BLOCK)
     nest.open_range(range(n))
     if assign in ("-=", "*="):
         write(f"{lhs} {assign} {value}")

@@ -59,7 +59,7 @@ class Nest:
         base = ("_clo", "_chi") if chunked == loop.index else None
         if plan.block and plan.block[0] == loop.index:
             base = ("_jb", f"min(_jb + {plan.block[1]}, _stop_{loop.index})")
-        if k == len(plan.loops) - 1 and (not loop.parallel or chunked == loop.index):
+        if k == len(plan.loops) - 1 and (not loop.parallel or plan.chunked == loop.index):
             # Innermost loop counted from 0 (inner_bounds), also a block of a chunked row
             # (`dg[j] += dy[i,j]`: 2.2 -> 0.55 ms at 4096x512, one thread): a plain
             # range(_clo, _chi) keeps the negative-index wraparound and stays scalar.
@@ -68,7 +68,7 @@ class Nest:
             out.add(f"_first = {start}\nfor _k in range({stop} - _first):\n    {v} = _first + _k")
         else:
             head, checks = loop_header(loop.index, set(self.opened), list(plan.guards), base,
-                                       loop.parallel and chunked != loop.index)
+                                       loop.parallel and plan.chunked != loop.index)
             out.add(head)
         out.depth += 1
         self.opened.append(loop.index)
@@ -101,10 +101,12 @@ class Nest:
         """(depth, loops open): where `close_to` returns to."""
         return self.out.depth, len(self.opened)
 
-    def open_chunks(self, prepare: str = ""):
-        """The outer prange over blocks of the chunked index (block bounds _clo, _chi)."""
+    def open_chunks(self, prepare: str = "", least: int = 1):
+        """The outer prange over blocks of the chunked index (block bounds _clo, _chi): CHUNKS
+        blocks, fewer when a block would have fewer than `least` values."""
         v, out = self.plan.chunked, self.out
-        out.add(f"_n_c = max(_stop_{v} - _start_{v}, 0)\n_nc = min({CHUNKS}, max(_n_c, 1))")
+        n_c = "_n_c" if least == 1 else f"_n_c // {least}"
+        out.add(f"_n_c = max(_stop_{v} - _start_{v}, 0)\n_nc = min({CHUNKS}, max({n_c}, 1))")
         if prepare:
             out.add(prepare)
         out.add("for _c in _prange(_nc):")
