@@ -12,6 +12,8 @@ itself); "passive" rows add OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep at onc
 spinning after a parallel region).  "kernels" rows time the same two kernels and their vjps on
 numpy arrays without any torch op, which separates numba's pool from torch's.  "loaded": a
 second process runs a 2-thread numpy matmul loop on the same cores during the measurement.
+"fixed" rows set TULLIO_LOAD_AWARE=0: the kernels use the thread count they are given even
+where other runnable threads take the CPUs (cpu_load.py), as before that limit existed.
 Reported: median times and their ratio to the same row without that process ("idle" is the
 machine as it is: other work on it shows in the load average printed first).
 """
@@ -77,12 +79,15 @@ def _load():
         a /= np.abs(a).max()
 
 
-def run(layer: str, threads: int, loaded: bool, passive: bool, repeat: int, mode: str) -> dict:
+def run(layer: str, threads: int, loaded: bool, passive: bool, repeat: int, mode: str,
+        fixed: bool = False) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, NUMBA_THREADING_LAYER=layer)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     if passive:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+    if fixed:
+        env["TULLIO_LOAD_AWARE"] = "0"
     load = None
     if loaded:
         load = subprocess.Popen([sys.executable, __file__, "--load"],
@@ -113,21 +118,23 @@ def main():
         print(json.dumps(worker(int(a.worker[0]), int(a.worker[1]), a.worker[2])))
         return
     run("tbb", 1, False, False, 1, "step")          # compile once (the disk cache)
-    configs = [(layer, False) for layer in a.layers.split(",")] + [("tbb", True)]
+    configs = ([(layer, False, False) for layer in a.layers.split(",")]
+               + [("tbb", True, False), ("tbb", False, True)])
     print(f"attention (B={B}, T={T}, D={D}) forward+backward: 'step' inside torch, 'kernels' the "
           f"tullio_py kernels and vjps alone; median of {a.repeat}; loadavg "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'layer':<16}{'threads':>8}{'mode':>9}{'idle ms':>10}{'loaded ms':>11}"
           f"{'loaded/idle':>13}")
-    for layer, passive in configs:
+    for layer, passive, fixed in configs:
         for threads in (1, 2):
             for mode in ("step", "kernels"):
-                idle = run(layer, threads, False, passive, a.repeat, mode)
-                busy = run(layer, threads, True, passive, a.repeat, mode)
-                name = idle["layer"] + (" passive" if passive else "")
+                idle = run(layer, threads, False, passive, a.repeat, mode, fixed)
+                busy = run(layer, threads, True, passive, a.repeat, mode, fixed)
+                name = idle["layer"] + (" passive" if passive else "") + (" fixed" if fixed else "")
                 print(f"{name:<16}{threads:>8}{mode:>9}{idle['median_s'] * 1e3:10.2f}"
                       f"{busy['median_s'] * 1e3:11.2f}"
                       f"{busy['median_s'] / idle['median_s']:13.2f}", flush=True)
+    print(f"loadavg at the end {os.getloadavg()[0]:.1f}")
 
 if __name__ == "__main__":
     main()

@@ -27,6 +27,7 @@ parser.add_argument("--validate", action="store_true",
 args = parser.parse_args()
 for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[v] = str(args.threads)
+os.environ["TULLIO_LOAD_AWARE"] = "0"       # constants of exactly --threads threads (cpu_load.py)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np
