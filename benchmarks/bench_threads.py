@@ -130,7 +130,8 @@ def main():
             for mode in ("step", "kernels"):
                 idle = run(layer, threads, False, passive, a.repeat, mode, fixed)
                 busy = run(layer, threads, True, passive, a.repeat, mode, fixed)
-                name = idle["layer"] + (" passive" if passive else "") + (" fixed" if fixed else "")
+                name = (idle["layer"] + (" passive" if passive else "")
+                        + (" fixed" if fixed else ""))
                 print(f"{name:<16}{threads:>8}{mode:>9}{idle['median_s'] * 1e3:10.2f}"
                       f"{busy['median_s'] * 1e3:11.2f}"
                       f"{busy['median_s'] / idle['median_s']:13.2f}", flush=True)
