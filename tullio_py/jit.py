@@ -18,8 +18,12 @@ import os
 import sys
 import threading
 
+import numpy as np
+
 from . import cache, cpu_load, memo, vecmath
 from .codegen import Source
+
+_ND = np.ndarray
 
 _HEADERS = {
     "cpu": "import numpy as _np\nfrom numba import prange as _prange\n",
@@ -94,10 +98,9 @@ def _load_without_registries(fn):
     implementation modules: the larger part of a new process's first call), but machine code
     read from disk needs only numba's runtime (NRT) symbols; numba's C helpers are installed
     with its target context, and a parallel kernel's own reload hook starts the thread pool.
-    A miss compiles as before: numba's compiler refreshes the registries itself.  Likewise
-    numba's extension entry points (third-party types, read from every installed package's
-    metadata before typing the arguments) are initialised before a compile, not before a
-    load (the arguments of a kernel are numpy arrays and scalars)."""
+    A miss compiles as before (numba's compiler refreshes the registries itself), and only
+    then are numba's extension entry points (third-party types, read from every installed
+    package's metadata) initialised: a kernel's arguments are numpy arrays and scalars."""
     cache_ = getattr(fn, "_cache", None)
     load = getattr(cache_, "_load_overload", None)
     guard = getattr(cache_, "_guard_against_spurious_io_errors", None)
@@ -118,6 +121,33 @@ def _load_without_registries(fn):
 
     cache_.load_overload = load_overload
     fn._compilation_chain_init_hook = _no_entry_points
+    _type_arrays_directly(fn)
+
+
+def _type_arrays_directly(fn):
+    """numba types an argument it has not seen in Python (typeof_pyval), asking first whether an
+    array is a numpy.ma.MaskedArray, which imports numpy.ma (a tenth of a new process's first
+    call).  An exact numpy.ndarray is none: it gets numba's type for it (dtype, rank, layout,
+    read-only) without the question; anything else goes to numba's typeof."""
+    original = getattr(fn, "typeof_pyval", None)
+    active = getattr(fn, "_types_active_call", None)
+    if original is None or not isinstance(active, set):
+        return
+    from numba.core import types
+    from numba.np import numpy_support
+
+    def typeof_pyval(val):
+        if val.__class__ is not _ND:
+            return original(val)
+        try:
+            tp = types.Array(numpy_support.from_dtype(val.dtype), val.ndim,
+                             numpy_support.map_layout(val), readonly=not val.flags.writeable)
+        except Exception:           # a dtype numba does not take: its own answer
+            return original(val)
+        active.add(tp)
+        return tp
+
+    fn.typeof_pyval = typeof_pyval
 
 
 def _no_entry_points():
