@@ -164,6 +164,26 @@ def test_torch_conv1d_forward_and_backward():
     assert _plan(k) is not None
 
 
+def test_torch_padded_conv1d_forward_and_backward():
+    """A conv1d with zero padding 2 written with pad(): its forward and the gradient of w read
+    x at pad(...), both through blas_shift_pad (torch's gemm under the torch frontend); equal
+    to torch's conv1d(padding=2) and its gradients."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(16, 32, 132, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(32, 32, 5, dtype=torch.float64, requires_grad=True)
+    k = kernel("y[b,o,i] := x[b,c,pad(i+j-2,2,2)] * w[o,c,j]")
+    y = k(x=x, w=w)
+    ref = torch.nn.functional.conv1d(x, w, padding=2)
+    torch.testing.assert_close(y, ref)
+    g = torch.randn_like(ref)
+    gx, gw = torch.autograd.grad(y, (x, w), g)
+    rx, rw = torch.autograd.grad(ref, (x, w), g)
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gw, rw)
+    assert isinstance(k.shift_plan, blas_shift.Padded)
+    assert any(p is not None for p in k.shift_plan.plans.values())
+
+
 def test_explain_names_the_path_and_counts_the_work():
     expr, shapes, _ = CASES["conv1d"]
     arrays = _arrays(shapes)
