@@ -7,10 +7,11 @@ import pytest
 from tullio_py import cpu_load, jit, kernel, schedule
 
 
-@pytest.mark.parametrize("cpus,running,free", [(2, 1, 2), (2, 2, 1), (2, 9, 1), (8, 3, 6),
-                                               (8, 0, 8), (1, 1, 1)])
-def test_free_cpus(cpus, running, free):
-    assert cpu_load.free_cpus(cpus, running) == free
+@pytest.mark.parametrize("cpus,running,own,free", [(2, 1, 0, 2), (2, 2, 0, 1), (2, 9, 0, 1),
+                                                   (8, 3, 0, 6), (8, 0, 0, 8), (1, 1, 0, 1),
+                                                   (2, 2, 1, 2), (2, 3, 1, 1), (4, 4, 3, 4)])
+def test_free_cpus(cpus, running, own, free):
+    assert cpu_load.free_cpus(cpus, running, own) == free
 
 
 @pytest.mark.parametrize("text,want", [("0.52 0.58 0.59 3/467 1234\n", 3),
@@ -45,6 +46,28 @@ def test_limit_reads_at_most_every_interval(tmp_path):
     off = cpu_load.Load(str(f), clock=clock, enabled=False, cpus=2)
     f.write_text("3.0 3.0 3.0 9/100 5\n")
     assert off.limit(2) == 2
+
+
+def test_own_pool_not_counted_just_after_a_call(tmp_path):
+    """The pool's workers stay runnable for a few ms after a parallel call: a reading within
+    OWN_SPIN of the end of a 2-thread call counts one runnable thread fewer; a later one, or
+    one after a 1-thread call, counts them all."""
+    f = tmp_path / "loadavg"
+    f.write_text("1.0 1.0 1.0 2/100 5\n")
+    clock = Clock()
+    load = cpu_load.Load(str(f), interval=0.001, clock=clock, enabled=True, cpus=2)
+    load.ran(2)
+    clock.t += cpu_load.OWN_SPIN / 2
+    assert load.limit(2) == 2
+    clock.t += cpu_load.OWN_SPIN
+    assert load.limit(2) == 1
+    load.ran(1)
+    clock.t += cpu_load.OWN_SPIN / 2
+    assert load.limit(2) == 1
+    f.write_text("1.0 1.0 1.0 3/100 5\n")
+    load.ran(2)
+    clock.t += cpu_load.OWN_SPIN / 2
+    assert load.limit(2) == 1               # another thread besides the worker
 
 
 def test_unreadable_count_turns_it_off(tmp_path):

@@ -11,7 +11,11 @@ runnable threads on the machine is read from the kernel (Linux: the fourth field
 /proc/loadavg, an instant count that includes the calling thread), at most once every
 INTERVAL seconds, and the call runs on `min(threads, CPUs - other runnable threads)`.  The
 thread count never changes a result (schedule.py's plans do not depend on it), only how fast
-it comes.
+it comes.  The process's own pool is not counted against itself: numba's TBB workers stay
+runnable (spinning, then yielding) for 2-5 ms after a parallel call (a 2-thread kernel on
+2 CPUs: its worker was runnable 0.1 ms after the call in 100% of 40 tries, 2 ms after in 78%,
+5 ms after in 12%), so a reading taken within OWN_SPIN seconds of the end of a call on m
+threads counts m - 1 fewer other threads.
 
 `TULLIO_LOAD_AWARE=0` in the environment turns this off (every call uses its thread count),
 for measurements that must use a fixed number of threads; where /proc/loadavg cannot be read
@@ -23,13 +27,14 @@ import os
 import time
 
 INTERVAL = 0.005        # seconds a reading of the runnable count is used for
+OWN_SPIN = 0.005        # seconds the pool's workers may stay runnable after a parallel call
 PATH = "/proc/loadavg"
 
 
-def free_cpus(cpus: int, running: int) -> int:
+def free_cpus(cpus: int, running: int, own: int = 0) -> int:
     """CPUs not taken by other threads when `running` threads are runnable on the machine,
-    the caller's own included (at least 1)."""
-    return max(1, cpus - max(running - 1, 0))
+    the caller's own included, `own` of them the caller's pool's workers (at least 1)."""
+    return max(1, cpus - max(running - 1 - own, 0))
 
 
 def parse_running(text: str) -> int | None:
@@ -44,7 +49,8 @@ def parse_running(text: str) -> int | None:
 class Load:
     """The machine's runnable-thread count, read from `path` at most every `interval` seconds
     (`clock`: a monotonic clock), and the thread limit it implies."""
-    __slots__ = ("path", "interval", "clock", "enabled", "cpus", "at", "running")
+    __slots__ = ("path", "interval", "clock", "enabled", "cpus", "at", "running", "ended",
+                 "threads")
 
     def __init__(self, path: str = PATH, interval: float = INTERVAL, clock=time.monotonic,
                  enabled: bool | None = None, cpus: int | None = None):
@@ -54,9 +60,15 @@ class Load:
         self.enabled = enabled
         self.cpus = cpus if cpus is not None else _cpus()
         self.at, self.running = None, None
+        self.ended, self.threads = None, 1     # end and threads of the last parallel call
+
+    def ran(self, threads: int):
+        """A parallel call on `threads` threads has just ended."""
+        self.ended, self.threads = self.clock(), threads
 
     def read(self) -> int | None:
-        """The runnable count now (a reading at most `interval` old), None where unknown."""
+        """The runnable threads now other than the caller and its pool's workers that may
+        still spin (a reading at most `interval` old), None where unknown."""
         now = self.clock()
         if self.at is not None and now - self.at < self.interval:
             return self.running
@@ -71,6 +83,8 @@ class Load:
             running = None
         if running is None:
             self.enabled = False        # no such count here: stop looking
+        elif self.ended is not None and now - self.ended < OWN_SPIN:
+            running -= self.threads - 1
         self.at, self.running = now, running
         return running
 

@@ -396,8 +396,9 @@ def call(fn, args, parallel: bool, n: int | None):
     budget = getattr(budgets, "n", None)
     if budget is not None:
         n = min(n or budget, budget)
+    load = cpu_load.machine
     if (n or _max) > 1:             # fewer threads while other threads wait for the CPUs
-        m = cpu_load.machine.limit(n or _max)
+        m = load.limit(n or _max)
         n = m if m < (n or _max) else n
     lock = _lock
     if lock is not None:
@@ -414,6 +415,7 @@ def call(fn, args, parallel: bool, n: int | None):
     finally:
         if lock is not None:
             lock.release()
+    load.ran(min(n or _max, _max))
 
 
 def set_threads(n: int | None):
