@@ -153,6 +153,24 @@ def test_a_remembered_kernel_is_called_through_its_own_keyword_method():
     np.testing.assert_allclose(k(v1=x, v0=z), x - 2 * z)
 
 
+def test_any_identifier_names_an_array_of_every_kernel_method():
+    """`self` (and the methods' own parameter names: cotangent, tangents) are valid array
+    names: the first call, the remembered one, ranges, explain, vjp and jvp take them."""
+    k = kernel("y[i] := self[i] * cotangent[i] + tangents[i]", threads=False)
+    a, b, c = rng.random(5), rng.random(5), rng.random(5)
+    arrays = dict(self=a, cotangent=b, tangents=c)
+    for _ in range(3):                     # the full path, then the remembered call
+        np.testing.assert_allclose(k(**arrays), a * b + c)
+    assert k.ranges(**arrays) == {"i": range(5)}
+    assert "loop" in str(k.explain(**arrays)).lower()
+    w = rng.random(5)
+    g = k.vjp(w, **arrays)
+    np.testing.assert_allclose(g["self"], w * b)
+    np.testing.assert_allclose(g["cotangent"], w * a)
+    np.testing.assert_allclose(g["tangents"], w)
+    np.testing.assert_allclose(k.jvp({"self": w}, **arrays), w * b)
+
+
 def test_the_keyword_method_hands_anything_else_to_the_full_path():
     """A missing or unknown name, an option-like name, a non-array (list, numpy subclass,
     wrong dtype), a positional argument and an active Tape each get what the full path does."""

@@ -113,7 +113,7 @@ class Gradient:
         return k
 
     # ------------------------------------------------------------------ vjp
-    def vjp(self, cotangent, **arrays) -> dict:
+    def vjp(self, cotangent, /, **arrays) -> dict:
         return self.vjp_views(cotangent, arrays, False)
 
     def vjp_views(self, cotangent, arrays: dict, views: bool) -> dict:

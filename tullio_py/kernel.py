@@ -103,14 +103,14 @@ class Kernel:
                                     "parameter", expr, binding.find(expr, name),
                                     "rename the array")
 
-    def ranges(self, **arrays) -> dict[str, range]:
+    def ranges(self, /, **arrays) -> dict[str, range]:
         """The range of every index for these arrays (what the loops iterate)."""
         arrays = binding.collect(self.equation, arrays)
         ext = binding.gather_extrema(self.equation, arrays)
         return ranges_mod.infer(self.equation, binding.shapes_of(arrays), ext, self.given)
 
     # ------------------------------------------------------------------ calling
-    def __call__(self, **arrays):
+    def __call__(self, /, **arrays):
         if _current() is None:          # the fast path: numpy arrays and scalars only,
             out = self._replay(arrays)  # with the names, dtypes, shapes of an earlier call
             if out is not None:
@@ -276,7 +276,7 @@ class Kernel:
         src = codegen.render(plan)
         return jit.module_text(src, target if target in ("cpu", "python") else "cpu")
 
-    def explain(self, **arrays):
+    def explain(self, /, **arrays):
         """What a call with these arrays runs (BLAS, BLAS over strided views, or loops: order,
         threads), its FLOPs and bytes, the measured time, and the fraction of the machine's
         limit (explain.py)."""
@@ -291,7 +291,7 @@ class Kernel:
             g = self.__dict__["_grad"] = Gradient(self)
         return g
 
-    def vjp(self, cotangent, **arrays) -> dict:
+    def vjp(self, cotangent, /, **arrays) -> dict:
         """{input: gradient of sum(out * cotangent)}; pass the output too to skip recomputing it."""
         from .frontends import registry     # dask, CUDA or numpy (registry.py)
         return registry.pick(self, {**arrays, "": cotangent}, "vjp").vjp(self, cotangent, arrays)
@@ -318,7 +318,7 @@ class Kernel:
             t = self.__dict__["_tan"] = Tangent(self._gradient())
         return t
 
-    def jvp(self, tangents: dict, **arrays):
+    def jvp(self, tangents: dict, /, **arrays):
         """The output's tangent for {input: tangent} (a missing input has zero tangent)."""
         return self._tangent().jvp(tangents, arrays)
 
