@@ -385,8 +385,7 @@ class thread_budget:
 
 def call(fn, args, parallel: bool, n: int | None):
     """fn(*args); when fn was compiled parallel, on n threads (None: numba's setting), at most
-    the thread budget of this Python thread and the CPUs other runnable threads leave free
-    (cpu_load.py)."""
+    the thread budget of this Python thread and the CPUs left free (cpu_load.py)."""
     if not parallel:
         fn(*args)
         return
@@ -396,10 +395,8 @@ def call(fn, args, parallel: bool, n: int | None):
     budget = getattr(budgets, "n", None)
     if budget is not None:
         n = min(n or budget, budget)
-    load = cpu_load.machine
-    if (n or _max) > 1:             # fewer threads while other threads wait for the CPUs
-        m = load.limit(n or _max)
-        n = m if m < (n or _max) else n
+    m = cpu_load.machine.limit(n or _max)   # fewer while other threads wait for the CPUs
+    n = m if m < (n or _max) else n
     lock = _lock
     if lock is not None:
         lock.acquire()
@@ -415,7 +412,7 @@ def call(fn, args, parallel: bool, n: int | None):
     finally:
         if lock is not None:
             lock.release()
-    load.ran(min(n or _max, _max))
+    cpu_load.machine.ran(min(n or _max, _max))
 
 
 def set_threads(n: int | None):
