@@ -94,6 +94,12 @@ MM_CASES = {   # name: (A, B, lanes expected or None when the layout changes the
     "float32": (rnd(6, 50, dtype=np.float32), rnd(50, 19, seed=1, dtype=np.float32), 16),
     "int64": (np.arange(5 * 7).reshape(5, 7) % 11 - 5, np.arange(7 * 40).reshape(7, 40) % 7 - 3,
               32),
+    # 16 rows or more (PACK_BLOCKS blocks of JAM): B copied into panels first (Plan.pack)
+    "packed, B strided 35x29x45": (rnd(35, 29), _strided(rnd(29, 45, seed=1)), 32),
+    "packed float32 41x50x70": (rnd(41, 50, dtype=np.float32),
+                                rnd(50, 70, seed=1, dtype=np.float32), 32),
+    "packed int64 16x9x33": (np.arange(16 * 9).reshape(16, 9) % 13 - 6,
+                             np.arange(9 * 33).reshape(9, 33) % 5 - 2, 32),
 }
 
 
@@ -119,6 +125,8 @@ def test_matmul_blocked_equals_numpy_and_plain(case, threads):
     got, plan, plain = _run(KERNELS[MM, threads], dict(A=A, B=B))
     if lanes is not None:
         assert plan.jam == ("i", schedule.JAM, lanes), plan
+        assert plan.pack == (len(A) >= schedule.PACK_BLOCKS * schedule.JAM), plan
+        assert ("_p0[_rb, " in KERNELS[MM, threads].forward_code) == plan.pack
     _check_matmul(got, plain, A, B)
 
 
@@ -169,6 +177,7 @@ def test_jam_rule(expr, sizes, jam):
     assert _plan(expr, sizes) == plan                  # the choice is a function of the call
     assert _plan(expr, sizes, threads=False).jam == ()  # small kernels stay plain
     assert not (plan.jam and plan.block)
+    assert plan.pack == (bool(jam) and sizes["i"] >= schedule.PACK_BLOCKS * jam[1])
 
 
 def test_hoisted_reads_are_the_plans():

@@ -29,8 +29,7 @@ PARALLEL_WORK_THRESHOLD = 1 << 15
 CHUNKS = 16      # blocks of a split reduction or scatter: fixed, so results do not depend on
                  # the thread count
 SHORT = 16       # a parallel loop shorter than this is fused with the next safe loop
-SCATTER_BLOCK = 256   # elements of the innermost index per thread's block of a scatter split
-                      # on it (plan: the blocks of a row never share a cache line)
+SCATTER_BLOCK = 256   # least elements of a block of a scatter's innermost index split (plan)
 MIN_INNER = 4    # shorter loops are not worth running innermost
 BLOCK = 128                 # rows of a reduction block (row form)
 BLOCK_MIN_BYTES = 1 << 19   # block only when the streamed arrays exceed this (about L2 / 2)
@@ -39,6 +38,7 @@ LANES = 8        # independent accumulators of a (max)/(min)/(+) over a contiguo
 JAM = 4          # output rows a register-blocked row form computes at once (Plan.jam)
 JAM_LANES = (32, 16)   # elements of the contiguous index per accumulator tile (the first that fits)
 JAM_WIDE = 8     # the same with 512-bit vectors (32 registers): 8 rows of 2 vectors each
+PACK_BLOCKS = 4  # Plan.pack: with at least this many blocks of the jammed index
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class Plan:
                                   # number `level` (-1: before every loop); see hoisted_reads
     wide: bool = False            # the jammed loops, or the loops of a body calling vector
                                   # math (_vector_math), are compiled for 512-bit vectors
+    pack: bool = False            # jammed: B[q,r] copied into panels first (codegen/blocked.py)
 
 
 def safe_indices(eq: Equation) -> set[str]:
@@ -209,12 +210,10 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
             spread = None
             small = scatter and (sizes or {}).get(eq.output, 1 << 62) * CHUNKS <= work
             if scatter and best in cands:
-                # A scatter's contiguous index stays innermost: split outermost, every pass
-                # would write one strided column, and threads would share cache lines
-                # (embedding-bag dE[J[b,k], d] += dy[b,d], 10000x64: 0.79 -> 0.05 ms, one
-                # thread).  Without another safe index it runs in blocks of at least
-                # SCATTER_BLOCK elements under the prange (one block when shorter), or, when
-                # too short for two blocks and the output is small, as a scatter without one.
+                # A scatter's contiguous index stays innermost (outermost, each pass writes a
+                # strided column: embedding-bag dE[J[b,k], d] += dy[b,d], 10000x64, 0.79 ->
+                # 0.05 ms), alone split in blocks of >= SCATTER_BLOCK (one when shorter), or
+                # when too short for two and the output is small, the partial arrays instead.
                 cands.remove(best)
                 spread = best
             if cands:
@@ -263,7 +262,8 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
                 lanes=lanes, fixed=fixed, block=block, jam=jam, hoists=hoisted_reads(eq, loops),
-                wide=vector_bytes >= 64 and (bool(jam) or _vector_math(eq, kind)))
+                wide=vector_bytes >= 64 and (bool(jam) or _vector_math(eq, kind)),
+                pack=bool(jam) and len(ranges[jam[0]]) >= PACK_BLOCKS * jam[1])
 
 
 def split_choice(order: list, cands: list, ranges: dict, tri: set, guarded: set) -> tuple:
