@@ -124,7 +124,10 @@ def workloads(torch, quick: bool):
 
     # --- max-pool 2x2, stride 2
     mp = kernel("(max) y[b,c,h,v] := x[b,c,2h+i,2v+j]", ranges={"i": 2, "j": 2})
-    W["max_pool2d"] = (lambda: {"x": rand(16, 32, 64, 64)},
+    def distinct(*shape):      # no ties in float32 (k / 2**21, all different): a tie's
+        n = int(np.prod(shape))  # gradient goes to whichever element a library picks
+        return (torch.randperm(n, dtype=torch.float64) / n).reshape(shape)
+    W["max_pool2d"] = (lambda: {"x": distinct(16, 32, 64, 64)},
                        {"torch": lambda a: F.max_pool2d(a["x"], 2),
                         "tullio_py": lambda a: mp(x=a["x"])})
 
