@@ -5,8 +5,17 @@ import numpy as np
 import pytest
 
 from tullio_py import Kernel, blas_shift, kernel
+from tullio_py.frontends import numpy as numpy_frontend
 
 R = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    """The cost model's choices checked here are its choices for one thread: the thread count
+    blas_shift plans for (the machine's for every call, whatever its `threads`, so that the
+    thread count changes no bit of a result) is pinned to 1."""
+    monkeypatch.setattr(numpy_frontend, "shift_groups", lambda: 1)
 
 # (statement, shapes of the inputs, whether the cost model should pick BLAS): each large
 # enough (about a million multiply-adds) that BLAS clearly wins where it applies.

@@ -16,12 +16,15 @@ dimension become batch axes or are merged by a copy, is decided by a cost model
 (blas_shift_cost.py, constants measured by benchmarks/blas_shift_costs.py) from the call's
 shapes, strides and ranges, once per call signature: the same signature always runs the same
 plan.  S may also hold one non-shift index of the larger read (a convolution's batch index):
-each step's im2col copy then stays in the cache, and on several threads the steps are shared
-by Python threads calling single-threaded gemms (blas_threads.py).  An output dimension of
-several indices (`dx[b,c,i+j] += ...`) keeps all but one of them as axes of the matmul result,
-added into the output value by value (col2im).  Ranges need not cover the arrays (views are
-cut to them), so gradient statements run with the forward's ranges go the same way.  blas.py
-keeps the pure contractions over whole arrays; `blas=False` keeps the generated loops for both.
+each step's im2col copy then stays in the cache, and its steps are cut into groups (as many
+as the machine's threads), shared by Python threads calling single-threaded gemms
+(blas_threads.py).  Neither plan nor groups depend on a call's `threads`, which so changes no
+bit of the result (a gemm rounds by its thread count; loops sum in another order than BLAS).
+An output dimension of several indices (`dx[b,c,i+j] += ...`) keeps all but one of them as
+axes of the matmul result, added into the output value by value (col2im).  Ranges need not
+cover the arrays (views are cut to them), so gradient statements run with the forward's
+ranges go the same way.  blas.py keeps the pure contractions over whole arrays; `blas=False`
+keeps the generated loops for both.
 
 Reads at pad(affine) run over the sub-ranges where they fall inside their arrays
 (blas_shift_pad.py).  Not dispatched: anything but two float/complex reads times scalars
@@ -44,7 +47,7 @@ from .blas_shift_cost import chain as _chain
 from .blas_shift_cost import merges as _merges
 from .blas_shift_cost import prod as _prod
 from .blas_shift_pad import Padded
-from .blas_shift_run import run, step_threads  # noqa: F401  (run: the steps of a plan)
+from .blas_shift_run import run, step_groups, step_threads  # noqa: F401  (run: a plan's steps)
 from .ir import Access, Affine, Const, Equation, Param, Wrapped
 from .memo import Memo
 from .ranges import affine_bounds, output_shape
@@ -74,7 +77,7 @@ class Shifted:
     def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1,
              blocked=None):
         """The plan for this call signature, or None (the loops run it).  `loop_threads`: the
-        threads the generated loops would run on (they share the work; BLAS must beat that).
+        loops' threads BLAS must beat: one count for all calls (never the call's own).
         `blocked()`: whether those loops are register-blocked (asked only when a plan is
         chosen; a fact of the same call signature, so the memo stays right)."""
         key = CallSignature.of(arrays, rng, dtype, out_shape, (loop_threads, tuple(out_strides)),
@@ -86,11 +89,13 @@ class Shifted:
                                           loop_threads, blocked)
             return p
 
-    def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1, blocked=None):
+    def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1, blocked=None,
+             threads=None):
         """Run through BLAS if the plan says so: the output (new when `out` is None, else
         `out`, updated) or None when the generated loops should run it instead (nothing was
         written).  A `:=` statement given an output (run_with_ranges) overwrites the elements
-        it covers, like `=`."""
+        it covers, like `=`.  `loop_threads`: as for `plan` (and run's `groups`); `threads`:
+        the threads this call may use, which change no bit of the result."""
         eq = self.eq
         fresh = out is None
         if fresh:
@@ -111,7 +116,7 @@ class Shifted:
         elif any(np.may_share_memory(out, arrays[a.array]) for a in self.reads):
             return None
         zero = not write and ((fresh and pad != 0) or (overwrite and not fresh))
-        run(p, self, arrays, out, zero, write, loop_threads)
+        run(p, self, arrays, out, zero, write, loop_threads, threads)
         return out
 
 

@@ -97,7 +97,8 @@ class Padded:
             return None
         return PaddedPlan(tuple(parts), fixed, sum(p.cost for _, p in parts))
 
-    def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1, blocked=None):
+    def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1, blocked=None,
+             threads=None):
         """Like blas_shift.Shifted.call: the output, or None when the loops should run it."""
         if pad != 0:
             return None
@@ -119,7 +120,7 @@ class Padded:
             out[tuple(slice(rng[s.names[0]].start, rng[s.names[0]].stop, rng[s.names[0]].step)
                       for s in eq.lhs.indices)] = 0
         for r, sub in p.parts:
-            run(sub, self.inner, arrays, out, False, False, loop_threads)
+            run(sub, self.inner, arrays, out, False, False, loop_threads, threads)
         return out
 
 

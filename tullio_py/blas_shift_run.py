@@ -1,7 +1,8 @@
 """Running a plan of blas_shift.py: the Python loop over its looped indices, each step one
 matmul over strided views of the arrays (after an im2col copy where the plan merges axes),
 stored or added into the output (col2im: value by value of the scattered indices); the
-first looped index's steps shared by Python threads (blas_threads.py) where the plan allows.
+first looped index's steps cut into groups (as many as the machine's threads, whatever a
+call's own), which Python threads share (blas_threads.py) where the plan allows.
 The products go to the frontend's gemm where it supplies one (blas.gemm_provider: torch's
 BLAS, which also adds into the output in place) when one thread runs the steps."""
 from __future__ import annotations
@@ -20,19 +21,28 @@ def _master(arr: np.ndarray, v, writeable: bool) -> np.ndarray:
     return as_strided(base, v.shape, v.strides, writeable=writeable)
 
 
-def step_threads(p, threads: int) -> int:
-    """How many threads share the steps of p's first looped index when the call may use
-    `threads` (1: the calling thread runs them all)."""
-    n = min(threads, p.steps[0]) if p.split and p.loop else 1
+def step_groups(p, groups: int) -> int:
+    """Groups the steps of p's first looped index are cut into for the reference count."""
+    n = min(groups, p.steps[0]) if p.split and p.loop else 1
     return n if n > 1 and blas_threads.available() else 1
 
 
+def step_threads(p, groups: int, threads: int | None = None) -> int:
+    """Threads sharing p's step groups when the call may use `threads` (default: all)."""
+    n = step_groups(p, groups)
+    return n if threads is None else max(1, min(n, threads))
+
+
 def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
-        write: bool = False, threads: int = 1):
+        write: bool = False, groups: int = 1, threads: int | None = None):
     """Accumulate the statement into `out` (cleared first where written, for `=` and a
     `:=` output filled with a pad value), or with `write` (steps that share no element)
-    store it there.  With `threads` > 1 the steps of the first looped index are shared by
-    that many threads where the plan allows (blas_threads.py)."""
+    store it there.  With `groups` > 1 the steps of the first looped index are cut into
+    that many groups where the plan allows, each run in order with single-threaded gemms
+    into its own output elements (split 1) or its own zeroed copy of the output, added in
+    group order after (split 2); `threads` (default: one per group) share the groups, so
+    they change no bit of the result.  Callers pass one reference count as `groups` for
+    every call (frontends/numpy.shift_groups), whatever the call's threads."""
     eq = sh.eq
     a0, a1 = (arrays[a.array] for a in sh.reads)
     # (writeable where the array is: a frontend's gemm may want writeable views; never written)
@@ -45,21 +55,22 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
         scale = scale * (arrays[s] if isinstance(s, str) else s)
     if eq.assign == "-=":
         scale = -scale
-    n = step_threads(p, threads)
-    if n < 2:
+    g = step_groups(p, groups)
+    if g < 2:
         # the frontend's gemm where it has one (blas.gemm_provider: torch's BLAS and threads);
-        # Python threads sharing the steps keep numpy's, made single-threaded per thread
+        # groups of steps keep numpy's, made single-threaded per thread
         gemm = getattr(gemms, "f", None)
         _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write, gemm)
         return out
-    cut = [p.steps[0] * k // n for k in range(n + 1)]
-    parts = [out] + ([np.zeros_like(out) for _ in range(n - 1)] if p.split == 2 else [])
+    cut = [p.steps[0] * k // g for k in range(g + 1)]
+    parts = [out] + ([np.zeros_like(out) for _ in range(g - 1)] if p.split == 2 else [])
     if any(x.strides != out.strides for x in parts):
-        _steps(p, masters, mo, 0, p.steps[0], scale, write)
+        blas_threads.run([lambda: _steps(p, masters, mo, 0, p.steps[0], scale, write)], 1)
         return out
     targets = [mo] + [_master(x, p.views[2], True) for x in parts[1:]]
     blas_threads.run([lambda k=k: _steps(p, masters, targets[k] if p.split == 2 else mo,
-                                         cut[k], cut[k + 1], scale, write) for k in range(n)])
+                                         cut[k], cut[k + 1], scale, write) for k in range(g)],
+                     step_threads(p, groups, threads))
     for x in parts[1:]:
         np.add(out, x, out=out)
     return out

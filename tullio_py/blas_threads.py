@@ -67,13 +67,17 @@ def single(f, *args):
         _set_local(old)
 
 
-def run(tasks: list):
-    """Run the zero-argument callables `tasks`, the first on this thread and the others on the
-    pool, every one with single-threaded gemms; their results, in order."""
-    pool = _executor(len(tasks) - 1)
-    futures = [pool.submit(single, t) for t in tasks[1:]]
-    first = single(tasks[0])
-    return [first] + [f.result() for f in futures]
+def run(tasks: list, threads: int | None = None):
+    """Run the zero-argument callables `tasks` on `threads` threads (default: one each), every
+    one with single-threaded gemms; their results, in order.  Each thread runs a contiguous
+    run of the tasks in order, the first run on this thread and the others on the pool."""
+    n = len(tasks) if threads is None else max(1, min(threads, len(tasks)))
+    cut = [len(tasks) * k // n for k in range(n + 1)]
+    runs = [lambda a=a, b=b: [t() for t in tasks[a:b]] for a, b in zip(cut, cut[1:])]
+    pool = _executor(n - 1) if n > 1 else None
+    futures = [pool.submit(single, r) for r in runs[1:]]
+    first = single(runs[0])
+    return first + [x for f in futures for x in f.result()]
 
 
 def _executor(n: int) -> ThreadPoolExecutor:

@@ -78,9 +78,8 @@ def _path(k, arrays, rng, out, shape, dtype):
     if k.shift_plan is not None:
         strides = out.strides if out is not None else tuple(
             np.empty(shape, dtype).strides)
-        from .frontends.numpy import loops_blocked, shift_threads
-        n = shift_threads(k)
-        p = k.shift_plan.plan(arrays, rng, shape, strides, dtype, n,
+        from .frontends.numpy import loops_blocked, shift_groups, shift_threads
+        p = k.shift_plan.plan(arrays, rng, shape, strides, dtype, shift_groups(),
                               loops_blocked(k, arrays, rng, dtype, shape))
         if p is not None:
             how = (f"loop over {', '.join(p.loop)} ({int(np.prod(p.steps))} steps) of "
@@ -88,7 +87,7 @@ def _path(k, arrays, rng, out, shape, dtype):
             kind = "gemm after an im2col copy" if p.im2col else "np.matmul over strided views"
             col2im = (f", added into the output for each {', '.join(p.scatter)} (col2im)"
                       if p.scatter else "")
-            n = blas_shift.step_threads(p, n)
+            n = blas_shift.step_threads(p, shift_groups(), shift_threads(k))
             shared = f"; steps of {p.loop[0]} shared by {n} threads" if n > 1 else ""
             return "blas_shift", (f"{how}{kind}, result {p.res_shape}{col2im}{shared}; "
                                   f"model {p.cost * 1e3:.3f} ms"), n

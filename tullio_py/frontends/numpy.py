@@ -36,7 +36,7 @@ def call(kernel, arrays: dict):
                         None if eq.assign == ":=" else arrays[eq.output])
     if shifted is not None:
         done = shifted.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
-                            b.dtype, kernel.pad, shift_threads(kernel))
+                            b.dtype, kernel.pad, shift_groups(), threads=shift_threads(kernel))
         if done is not None:
             return done
     if eq.assign == ":=":
@@ -85,8 +85,9 @@ def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: di
         blas.run(kernel.blas_plan, kernel.equation, {**arrays, **params}, out.dtype, out)
         return None
     if kernel.shift_plan is not None and kernel.shift_plan.call(
-            {**arrays, **params}, rng, out, out.dtype, kernel.pad, shift_threads(kernel),
-            loops_blocked(kernel, arrays, rng, out.dtype, out.shape)) is not None:
+            {**arrays, **params}, rng, out, out.dtype, kernel.pad, shift_groups(),
+            loops_blocked(kernel, arrays, rng, out.dtype, out.shape),
+            shift_threads(kernel)) is not None:
         return None
     prepared, call_ranges, extra = kernel.prepare(arrays, rng, out.dtype, out.shape)
     launch(kernel, prepared, arguments(prepared, {**arrays, **params}, out, call_ranges, extra))
@@ -99,7 +100,7 @@ def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
         return True
     return (kernel.shift_plan is not None and out.flags.writeable
             and kernel.shift_plan.plan(arrays, rng, out.shape, out.strides, out.dtype,
-                                       shift_threads(kernel),
+                                       shift_groups(),
                                        loops_blocked(kernel, arrays, rng, out.dtype, out.shape))
             is not None)
 
@@ -121,6 +122,16 @@ def loops_blocked(kernel, arrays: dict, rng: dict, dtype, shape):
         except Exception:       # noqa: BLE001  (a cost question only; see above)
             return False
     return blocked
+
+
+def shift_groups() -> int:
+    """The thread count blas_shift.py chooses its plans and cuts its step groups for: the
+    machine's (jit.max_threads), at most the thread budget (torch's intra-op thread count
+    under the torch frontend), the same for every call whatever its `threads`, so that a
+    call's thread count never changes a bit of its result."""
+    n = jit.max_threads()
+    budget = getattr(jit.budgets, "n", None)
+    return min(n, budget) if budget else n
 
 
 def shift_threads(kernel) -> int:
