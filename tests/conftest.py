@@ -3,7 +3,11 @@
 The whole run uses one temporary kernel cache, set here at import time, before any test module
 can compile a kernel: the tests never read or write the user's cache, and kernels compiled by
 one test are reused by the others (and by subprocesses the tests start, which inherit the
-environment).  Under pytest-xdist each worker process gets its own directory.
+environment).  Under pytest-xdist (pyproject's addopts run the suite on two processes) the
+workers share the directory the controlling process made, so a kernel one worker compiled is
+loaded from disk, not compiled again, by the other: the disk cache is safe for several
+processes at once (files are written under temporary names and renamed into place).  The
+process that made the directory removes it at the end.
 """
 import os
 import sys
@@ -12,20 +16,28 @@ import tempfile
 
 import pytest
 
-_CACHE_DIR = tempfile.mkdtemp(prefix="tullio_py-test-cache-")
-os.environ["TULLIO_CACHE_DIR"] = _CACHE_DIR
+_SHARED = "TULLIO_TEST_CACHE_DIR"     # the directory, for the worker processes started later
+_CACHE_DIR = os.environ.get(_SHARED) if os.environ.get("PYTEST_XDIST_WORKER") else None
+_OWNER = not (_CACHE_DIR and os.path.isdir(_CACHE_DIR))
+if _OWNER:
+    _CACHE_DIR = tempfile.mkdtemp(prefix="tullio_py-test-cache-")
+os.environ["TULLIO_CACHE_DIR"] = os.environ[_SHARED] = _CACHE_DIR
 # Parallel kernels use the thread count they are given, whatever else runs on the machine
 # (cpu_load.py would lower it on a loaded one): tests that check the count asked for do not
 # depend on the load.  tests/test_cpu_load.py checks the limit with a given runnable count.
 os.environ["TULLIO_LOAD_AWARE"] = "0"
 
 
+def pytest_unconfigure(config):
+    if _OWNER:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _tullio_cache_dir():
-    """The session's kernel cache directory; removed at the end of the run."""
+    """The session's kernel cache directory."""
     os.environ["TULLIO_CACHE_DIR"] = _CACHE_DIR
     yield _CACHE_DIR
-    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
