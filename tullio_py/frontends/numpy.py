@@ -35,8 +35,11 @@ def call(kernel, arrays: dict):
         return blas.run(contraction, eq, arrays, b.dtype,
                         None if eq.assign == ":=" else arrays[eq.output])
     if shifted is not None:
-        done = shifted.call(arrays, rng, None if eq.assign == ":=" else arrays[eq.output],
-                            b.dtype, kernel.pad, shift_groups(), threads=shift_threads(kernel))
+        given_out = None if eq.assign == ":=" else arrays[eq.output]
+        done = shifted.call(arrays, rng, given_out, b.dtype, kernel.pad, shift_groups(),
+                            loops_blocked(kernel, arrays, rng, b.dtype, b.shape if given_out
+                                          is None else given_out.shape),
+                            threads=shift_threads(kernel))
         if done is not None:
             return done
     if eq.assign == ":=":
