@@ -252,7 +252,8 @@ class Kernel:
         # Every choice of the plan that changes the code (block depends on the sizes).
         key = CompileKey.of(self._lowered_text, dtype, target, parallel,
                             (plan.loops, plan.fixed, plan.form, plan.block, plan.jam,
-                             plan.chunked, plan.partial, plan.collapse, plan.lanes, plan.pack)
+                             bool(plan.jam) and plan.jam_rest, plan.chunked, plan.partial,
+                             plan.collapse, plan.lanes, plan.pack)
                             + (("wide",) if plan.wide and not plan.jam else ()), arrays)
         return plan, key, low
 

@@ -74,6 +74,8 @@ class Plan:
     jam: tuple = ()               # (index, factor, lanes): row form, register-blocked (see
                                   # jam_choice): `factor` values of that left index at once,
                                   # each with `lanes` elements of the row in accumulators
+    jam_rest: bool = True         # the jammed index's range leaves values over (not a
+                                  # multiple of `factor`): the nest for them is compiled
     hoists: tuple = ()            # (read, loop level): a read that does not depend on the
                                   # innermost loop, loaded once into a local just inside loop
                                   # number `level` (-1: before every loop); see hoisted_reads
@@ -259,9 +261,13 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
     if form == "row" and threads is not False and not chunked and not collapse:
         jam = jam_choice(eq, loops, ranges, guards, out_dtype, vector_bytes)
         block = () if jam else _reduction_block(eq, order, ranges, sizes or {})
+    # (a second parallel loop nest costs about as much compile time as the tiles' own: 1.6 of
+    # the local convolution's 3.2 s; only the plan's own ranges reach its compiled code)
+    rest = bool(jam) and len(ranges[jam[0]]) % jam[1] != 0
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
-                lanes=lanes, fixed=fixed, block=block, jam=jam, hoists=hoisted_reads(eq, loops),
+                lanes=lanes, fixed=fixed, block=block, jam=jam, jam_rest=rest,
+                hoists=hoisted_reads(eq, loops),
                 wide=vector_bytes >= 64 and (bool(jam) or _vector_math(eq, kind)),
                 pack=bool(jam) and len(ranges[jam[0]]) >= PACK_BLOCKS * jam[1])
 

@@ -18,6 +18,7 @@ body, `for _l in range(lanes)` updates `factor` accumulators from one load of ev
             out[.., _j0 + f, _r0 + _l] (=, +=, -=) _acc[f, _l]     (_l not stored before)
     for v in prange(...):                         # the rest, one sum per element
         <all of r for the last n_v % factor values of v (and rows shorter than lanes)>
+                                                  # (only when n_v % factor: Plan.jam_rest)
 
 The last tile of a row ends at the row's end: it overlaps the tile before it and stores only
 the elements that tile did not (a row of 30 with lanes 16 runs tiles at 0 and 14, the second
@@ -132,8 +133,12 @@ def render_jam(nest):
     # values of v, and rows shorter than the tile.  (Inside the loops
     # around the tiles, even after them, this code made the compiler's version of the tiles
     # about twice as slow: 512 matmul 6.3 instead of 3.3 ms, local convolution forward 1.23
-    # instead of 0.70 ms, one thread.)
+    # instead of 0.70 ms, one thread.)  None when the plan's range of v is a whole number of
+    # tiles (Plan.jam_rest; jam_choice's rows are never shorter than a tile): the nest
+    # doubled the compile time.
     nest.close_to(top, ntop)
+    if not plan.jam_rest:
+        return
     nest.open_range(range(kj))
     out.add(blocks)
     # Only rows left over by the blocks of v, or rows shorter than a tile, have elements
