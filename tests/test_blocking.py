@@ -375,3 +375,51 @@ def test_prefer_wide_is_optional():
     class Frozen:
         attributes = frozenset()
     assert not intrinsics.prefer_wide(Frozen())
+
+
+# ----------------------------------------------------------------------------- one thread
+# On one thread the local convolution's register-blocked loops beat the cost model's best BLAS
+# plan over strided views (an im2col plan at the plain-loop rate): the forward call weighs
+# them as explain and the gradient do (it once asked at the plain-loop rate and kept that
+# answer), and the gradient's dW runs relaid and blocked rather than through BLAS.
+MACHINE_TILES |= {"test_one_thread_forward_weighs_blocked_loops",
+                  "test_one_thread_gradient_relaid_blocked"}
+
+
+def _bench_arrays():
+    S, T, C1, B, C2, K = 32, 32, 8, 16, 16, 3         # benchmarks/bench_suite.py's sizes
+    x = rnd(S, T, C1, B, dtype=np.float32)
+    W = rnd(S, T, K, K, C1, C2, seed=1, dtype=np.float32)
+    cot = rnd(S - K + 1, T - K + 1, C2, B, seed=2, dtype=np.float32)
+    return x, W, cot
+
+
+def test_one_thread_forward_weighs_blocked_loops():
+    from tullio_py.kernel import Kernel
+    x, W, _ = _bench_arrays()
+    called, asked = Kernel(LOCAL, threads=1), Kernel(LOCAL, threads=1)
+    got = called(x=x, W=W)                 # the call first: its plan memo keeps its answer
+    out = np.empty(got.shape, got.dtype)
+    blas = asked.uses_blas(dict(x=x, W=W), asked.ranges(x=x, W=W), out)
+    assert (called.last is not None, blas) == (True, False)     # both: the blocked loops
+    assert called.last.plan.jam
+    want = sum(np.einsum("stcb,stcd->stdb", x[i:i + 30, j:j + 30].astype(np.float64),
+                         W[i:i + 30, j:j + 30, i, j].astype(np.float64))
+               for i in range(3) for j in range(3))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_one_thread_gradient_relaid_blocked():
+    from tullio_py.gradient_kernel import Gradient
+    from tullio_py.kernel import Kernel
+    x, W, cot = _bench_arrays()
+    g = Gradient(Kernel(LOCAL, threads=1))
+    got = g.vjp(cot, x=x, W=W)
+    plan = g.last_plan
+    assert {s.output: s.relayout for s in plan.statements} == {
+        "dx": (), "dW": (("dout", (0, 1, 3, 2)),)}
+    assert [s.kind for s in plan.steps] == ["loops", "loops"]
+    assert all(rec is not None for rec in g.last[4].values())     # loops ran, not BLAS
+    dx, dW = _local_numpy(LOCAL, x, W, cot)
+    np.testing.assert_allclose(got["x"], dx, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["W"], dW, rtol=1e-4, atol=1e-4)
