@@ -232,7 +232,9 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     if best is None:
         return None
     work = _prod(len(rng[n]) for n in sh.eq.indices)
-    rate = model.BLOCKED_RATE if blocked is not None and blocked() else model.LOOP_RATE
+    # (BLOCKED_RATE is float32's: a vector holds half as many float64s)
+    rate = (model.BLOCKED_RATE * 4 / max(np.dtype(dtype).itemsize, 4)
+            if blocked is not None and blocked() else model.LOOP_RATE)
     if model.MARGIN * best.cost > 2.0 * work / (rate * max(1, loop_threads)):
         return None
     return best

@@ -37,7 +37,9 @@ LOOP_RATE = 6.5e9
 # benchmarks/bench_limits.py (2 threads, load 1.2): LocallyConnected2d 77 GFLOP/s, the local
 # convolution 106, matmul 235 -> 3.8e10 flop/s per thread.  Against the plain loops' rate the
 # model sent the local convolution on one thread to a 30-step im2col plan (1.04 ms) instead
-# of its blocked loops (about 0.6 ms).
+# of its blocked loops (about 0.6 ms).  Float32's rate: blas_shift halves it for float64 (a
+# vector holds half as many), which keeps small float64 convolutions (tests/test_blas_shift.py's
+# conv2d, 1.8 M multiply-adds) on BLAS, as measured (BLAS 0.27 ms, blocked loops 0.2-0.4 ms).
 BLOCKED_RATE = 3.8e10
 # BLAS must beat the loops by this factor: measured times of many small gemms run above the
 # model's (a depthwise conv, gemms of 1x5x8192, modelled 1.5 ms, took 7 ms).
