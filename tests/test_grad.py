@@ -23,13 +23,16 @@ def finite_difference(f, arrays, name, cot, eps=1e-6):
     x = arrays[name]
     grad = np.zeros_like(x)
     loss = lambda y: np.real(np.sum(np.conj(cot) * y))  # noqa: E731  (sum(y*cot) when real)
+    xs = x.copy()       # one copy, each element moved and put back (not two copies per element)
     for idx in np.ndindex(*x.shape):
         for step in ((1,) if x.dtype.kind != "c" else (1, 1j)):
-            xp, xm = x.copy(), x.copy()
-            xp[idx] += eps * step
-            xm[idx] -= eps * step
-            d = (loss(f(**{**arrays, name: xp})) - loss(f(**{**arrays, name: xm}))) / (2 * eps)
-            grad[idx] += d * (1 if step == 1 else 1j)
+            v = xs[idx]
+            xs[idx] = v + eps * step
+            up = loss(f(**{**arrays, name: xs}))
+            xs[idx] = v - eps * step
+            down = loss(f(**{**arrays, name: xs}))
+            xs[idx] = v
+            grad[idx] += (up - down) / (2 * eps) * (1 if step == 1 else 1j)
     return grad
 
 
