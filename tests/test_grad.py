@@ -75,6 +75,11 @@ FEATURES = [
     ("y[i] := x[i+k] * w[k]", {"ranges": {"i": 3}}, dict(x=rand(8), w=rand(3))),
     ("y[i] := x[clamp(i+k-1)] * w[k] + x[mod(i-k)]", {"ranges": {"i": 5}},
      dict(x=rand(5), w=rand(3))),
+    # pad() positions no rewrite can make bare (stride 2, both ends padded): the gradient
+    # drops the writes outside x, also beside a position the rewrite could solve
+    ("y[p] := x[pad(2*p+2*j-3)] * w[j]", {"ranges": {"p": 6}}, dict(x=rand(13), w=rand(3))),
+    ("y[p,r] := x[pad(2*p+2*j-3),pad(r+k-1)] * w[j,k]", {"ranges": {"p": 4, "r": 4}},
+     dict(x=rand(7, 4), w=rand(3, 2))),
     ("y[i] := z[i] * conj(z[i]) * w[i] + abs(z[i]) + real(z[i] * w[i]) + imag(w[i]) * z[i]", {},
      dict(z=crand(3), w=crand(3))),
     ("C[i,k] := A[i,j] * B[j,k] |> exp", {}, dict(A=crand(2, 3) * 0.3, B=rand(3, 2) * 0.3)),

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from . import cache, memo
+from .rewrite import eliminations
 from .grad_sympy import partials as _partials, times as _times
 from .ir import (Access, Affine, Binary, Call, Compare, Const, Equation, Gather, IndexValue, Param,
                  Unary, Wrapped, map_expr, slot_names, walk)
@@ -159,6 +160,20 @@ def _lhs_slot(slot):
     return slot
 
 
+def _lhs_slots(slots) -> tuple:
+    """_lhs_slot of each position, unless the rewrite cannot make the shifted positions bare
+    (no index of coefficient +-1 of their own: dx[2*p+2*j-3] from a read at pad(2*p+2*j-3)):
+    nothing then clips them to the gradient array, so pad() positions stay pad() (a write
+    outside the array is dropped, where it would wrap around)."""
+    out = tuple(_lhs_slot(s) for s in slots)
+    if any(isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
+           and not s.inner.is_bare for s in slots) and eliminations(out) is None:
+        out = tuple(Wrapped("pad", s.inner, None, None, s.span)
+                    if isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
+                    and not s.inner.is_bare else x for s, x in zip(slots, out))
+    return out
+
+
 @dataclass
 class _Chain:
     """What every derivative of one statement shares: the top-level masks (restricting the
@@ -258,7 +273,7 @@ def _derive(eq: Equation, nograd: tuple[str, ...], complex_mode: bool,
         out_eqs = []
         for acc, (d, dbar) in partials[name]:
             slots = acc.indices if isinstance(acc, Access) else ()
-            lhs = Access(dict(names)[name], tuple(_lhs_slot(s) for s in slots))
+            lhs = Access(dict(names)[name], _lhs_slots(slots))
             if complex_mode:
                 terms = []
                 if d is not None:

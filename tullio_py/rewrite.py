@@ -48,12 +48,17 @@ def is_scatter(eq: Equation) -> bool:
 def choose_eliminations(eq: Equation) -> list[tuple[int, str]] | None:
     """For every shifted left position, an index with coefficient +-1 to solve for, used in no
     other left position.  None when some position has none (a scatter stays a scatter)."""
+    return eliminations(eq.lhs.indices)
+
+
+def eliminations(lhs: tuple) -> list[tuple[int, str]] | None:
+    """choose_eliminations for the left-hand positions `lhs`."""
     chosen: list[tuple[int, str]] = []
     used: set[str] = set()
-    for d, slot in enumerate(eq.lhs.indices):
+    for d, slot in enumerate(lhs):
         if not isinstance(slot, Affine) or not slot.terms or slot.is_bare:
             continue
-        others = {n for e, s in enumerate(eq.lhs.indices) if e != d for n in s.names}
+        others = {n for e, s in enumerate(lhs) if e != d for n in s.names}
         options = [n for n, c in slot.terms if abs(c) == 1 and n not in others and n not in used]
         if not options:
             return None
