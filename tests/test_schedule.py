@@ -413,3 +413,18 @@ def test_embedding_bag_gradient_scatters_rows():
     np.add.at(want, J.ravel(), np.repeat(dy, 4, axis=0))
     np.testing.assert_allclose(k.vjp(dy, E=E, J=J)["E"], want, rtol=1e-12, atol=1e-12)
     assert "loops (outer to inner): b, k, d [threads]" in k.gradient_code, k.gradient_code
+
+
+def test_a_fused_split_gives_way_to_register_blocking():
+    """LocallyConnected2d's relaid dW: c1 (8 values, fewer than SHORT) would be fused with i
+    into one parallel loop, and fused loops are not register-blocked; the single split of s
+    lets the nest block 8 values of c2 at once instead.  Attention's unmasked p[b,h,i,j], which
+    nothing blocks, keeps its fused b,h."""
+    expr = "dW[c1,i,j,c2,s,t] = dout[s,c2,b,t] * x[s+i,c1,b,t+j]"
+    lc = dict(c1=range(8), i=range(3), j=range(3), c2=range(16), s=range(30), t=range(30),
+              b=range(16))
+    p = schedule.plan(parse(expr), lc, "float32", threads=2, vector_bytes=64)
+    assert p.jam and not p.collapse and p.loops[0].index == "s" and p.loops[0].parallel, p
+    att = dict(b=range(8), h=range(8), i=range(128), j=range(128))
+    p = schedule.plan(parse("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]"), att, "float32", threads=2)
+    assert p.collapse == ("b", "h") and not p.jam

@@ -20,6 +20,7 @@ import numpy as np
 from .guards import (Guard, Linear, compare_guards, factor_reads, find_guards, index_only,  # noqa: F401
                      is_scatter, linear, mask_guards, top_factors)
 from .ir import Affine, Binary, Equation, Wrapped
+from .split import SHORT, split_choice, triangular  # noqa: F401
 
 # Below this many (iterations x body cost) a kernel runs on one thread: starting threads costs
 # more than the work.
@@ -28,7 +29,6 @@ from .ir import Affine, Binary, Equation, Wrapped
 PARALLEL_WORK_THRESHOLD = 1 << 15
 CHUNKS = 16      # blocks of a split reduction or scatter: fixed, so results do not depend on
                  # the thread count
-SHORT = 16       # a parallel loop shorter than this is fused with the next safe loop
 SCATTER_BLOCK = 256   # least elements of a block of a scatter's innermost index split (plan)
 MIN_INNER = 4    # shorter loops are not worth running innermost
 BLOCK = 128                 # rows of a reduction block (row form)
@@ -221,6 +221,17 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
             if cands:
                 parallel, second = split_choice(order, cands, ranges, triangular(eq),
                                                 guarded_idx)
+                if second is not None and form == "row":
+                    # Fused loops are not register-blocked: where a single split loop lets the
+                    # nest block, split that one (LocallyConnected2d's relaid dW[c1,i,j,c2,s,t],
+                    # c1 of 8 fused with i: 2.8 -> 7.0 ms one-thread vjp unblocked).
+                    alone, _ = split_choice(order, cands, ranges, triangular(eq), guarded_idx,
+                                            fuse=False)
+                    rest = [n for n in order if n != alone]
+                    if jam_choice(eq, tuple(Loop(n, n == alone, n not in eq.lhs_indices)
+                                            for n in [alone] + rest),
+                                  ranges, guards, out_dtype, vector_bytes):
+                        parallel, second = alone, None
                 order.remove(parallel)
                 order.insert(0, parallel)
                 if second is not None:
@@ -272,39 +283,6 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
                 pack=bool(jam) and len(ranges[jam[0]]) >= PACK_BLOCKS * jam[1])
 
 
-def split_choice(order: list, cands: list, ranges: dict, tri: set, guarded: set) -> tuple:
-    """(index split across threads, index fused with it into one parallel loop or None), among
-    the safe candidates `cands` (in loop order, which follows memory order).
-
-    The outermost candidate with at least SHORT values is split, so each thread works through
-    a contiguous block of the output in the order the loops already had; when the outermost is
-    shorter (a batch of 8 leaves chunks of 4 on 2 threads, but idle threads on more), it is
-    fused with the next candidate in loop order (b and h of attention's p[b,h,i,j]: 64
-    iterations, 0.34 -> 0.22 ms on 2 threads, instead of splitting i and moving it outermost).
-    The innermost loop is split only when nothing else is: it is the contiguous, vectorised one.
-    Indices of a triangular mask (`tri`) do unequal work per value and are split only when
-    nothing else can be; indices in a guard are not fused.  When the outer candidates cannot
-    give SHORT iterations this way, the longest candidate is split, moved outermost (fused with
-    the next longest when short).  The choice depends on the ranges only, never on the thread
-    count, so every thread count computes each element the same way."""
-    plain = [n for n in cands if n not in tri] or cands
-    outer = [n for n in plain if n != order[-1]] or plain
-    first = outer[0]
-    if len(ranges[first]) >= SHORT:
-        return first, None
-    if (len(outer) > 1 and first not in guarded and outer[1] not in guarded
-            and len(ranges[first]) * len(ranges[outer[1]]) >= SHORT):
-        return first, outer[1]
-    parallel = max(plain, key=lambda n: len(ranges[n]))
-    others = [n for n in plain if n != parallel]
-    # A short parallel loop leaves threads idle: fuse it with the next longest safe loop.
-    if len(ranges[parallel]) < SHORT and others and parallel not in guarded:
-        second = max(others, key=lambda n: len(ranges[n]))
-        if second not in guarded:
-            return parallel, second
-    return parallel, None
-
-
 # Functions the CPU kernels compute with vecmath.py's straight-line code (codegen.expr.VECTOR).
 VECTOR_MATH = ("exp", "log", "tanh", "sigmoid")
 
@@ -316,28 +294,6 @@ def _vector_math(eq: Equation, kind: str) -> bool:
     from .ir import Call, walk
     return kind == "f" and any(isinstance(n, Call) and n.func in VECTOR_MATH
                                for n in walk(eq.rhs))
-
-
-def triangular(eq: Equation) -> set[str]:
-    """The indices of a mask that bounds a combination of loop indices on one side only
-    (`(j <= i)`: j's clipped loop grows with i, so the values of i, or of j, do unequal
-    work); a band bounded on both sides (`lo <= p - i < hi`, as the shifted left-hand side
-    rewrite writes) does about the same work for every value."""
-    gs = [g for f in top_factors(eq.rhs) for g in mask_guards(f) or ()
-          if len(g.expr.names) > 1 and g.cond is None]
-    bounded = {}
-    for g in gs:
-        key = frozenset(g.expr.terms)
-        bounded.setdefault(key, set()).add("hi" if g.hi is not None else "lo")
-        if g.lo is not None and g.hi is not None:
-            bounded[key].add("lo")
-    out = set()
-    for g in gs:
-        key, neg = frozenset(g.expr.terms), frozenset((n, -c) for n, c in g.expr.terms)
-        sides = bounded[key] | {"lo" if s == "hi" else "hi" for s in bounded.get(neg, ())}
-        if len(sides) < 2:
-            out |= set(g.expr.names)
-    return out
 
 
 def jam_choice(eq: Equation, loops: tuple, ranges: dict, guards, out_dtype: str,
