@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 _NAMES = ("openblas_set_num_threads_local", "scipy_openblas_set_num_threads_local64_",
           "scipy_openblas_set_num_threads_local_64_")
@@ -67,17 +67,38 @@ def single(f, *args):
         _set_local(old)
 
 
+def _in_worker(f):
+    """f() on a pool thread: its gemms on one thread.  Nothing is restored: a pool thread
+    only ever runs these steps, and where the setting is process-wide a worker's restore
+    would lift it while another worker's gemm runs."""
+    _set_local(1)
+    return f()
+
+
 def run(tasks: list, threads: int | None = None):
     """Run the zero-argument callables `tasks` on `threads` threads (default: one each), every
     one with single-threaded gemms; their results, in order.  Each thread runs a contiguous
-    run of the tasks in order, the first run on this thread and the others on the pool."""
+    run of the tasks in order, the first run on this thread and the others on the pool.
+
+    OpenBLAS 0.3.31's `openblas_set_num_threads_local` is process-wide where numpy's build
+    has it (set on one thread, every thread reads it): the calling thread sets one gemm thread
+    for the whole run and restores the old count once every worker has finished.  When each
+    worker set and restored it, a worker's restore could hand another worker's gemm to
+    OpenBLAS's threads, which round differently (dW of a conv1d differed in the last bits
+    between calls in about one run in three)."""
     n = len(tasks) if threads is None else max(1, min(threads, len(tasks)))
     cut = [len(tasks) * k // n for k in range(n + 1)]
     runs = [lambda a=a, b=b: [t() for t in tasks[a:b]] for a, b in zip(cut, cut[1:])]
     pool = _executor(n - 1) if n > 1 else None
-    futures = [pool.submit(single, r) for r in runs[1:]]
-    first = single(runs[0])
-    return first + [x for f in futures for x in f.result()]
+    old = _set_local(1)
+    futures = []
+    try:
+        futures = [pool.submit(_in_worker, r) for r in runs[1:]]
+        first = runs[0]()
+        return first + [x for f in futures for x in f.result()]
+    finally:
+        wait(futures)
+        _set_local(old)
 
 
 def _executor(n: int) -> ThreadPoolExecutor:
