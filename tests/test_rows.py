@@ -75,9 +75,23 @@ def first_argmax(v):
     return np.argmax(v)             # the first NaN, else the first maximal element
 
 
+@pytest.fixture
+def grouped(monkeypatch):
+    """Row groups on (vjp_rows.ENABLED: off by default) for a fresh kernel's plans."""
+    from tullio_py import vjp_rows
+    monkeypatch.setattr(vjp_rows, "ENABLED", True)
+
+
+def test_row_groups_are_off_by_default():
+    x, r = data("c", shape=(29, 17), seed=3)       # a signature no grouped test plans
+    k = kernel(MAX, threads=True)
+    k.vjp(r.standard_normal(x.shape[0]), x=x)
+    assert [s.kind for s in k.gradient_side().last_plan.steps] == ["loops", "loops"]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("layout", ["c", "transposed", "strided"])
-def test_argmax_gradient_runs_by_rows(layout, threads):
+def test_argmax_gradient_runs_by_rows(layout, threads, grouped):
     x, r = data(layout)
     dm = r.standard_normal(x.shape[0])
     with jit.thread_budget(threads):
@@ -95,7 +109,7 @@ def test_argmax_gradient_runs_by_rows(layout, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_helper_and_fused_nest_run_by_rows(threads):
+def test_helper_and_fused_nest_run_by_rows(threads, grouped):
     x, r = data("strided", (41, 19), seed=1)
     w = r.standard_normal((41, 19))
     dy = r.standard_normal(41)
@@ -115,7 +129,7 @@ def test_helper_and_fused_nest_run_by_rows(threads):
     assert np.array_equal(got["w"], ww, equal_nan=True)
 
 
-def test_rows_gradient_through_torch():
+def test_rows_gradient_through_torch(grouped):
     torch = pytest.importorskip("torch")
     x, r = data("c", (33, 21), seed=2)
     x = x[np.isfinite(x).all(axis=1) & (np.arange(33) != 6)]     # torch's max: no ties, no NaN
