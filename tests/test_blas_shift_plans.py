@@ -50,14 +50,9 @@ def _gemm(name):
     return blas.gemm_provider(pytest.importorskip("tullio_py.frontends.torch").torch_gemm)
 
 
-@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch")])
-@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_every_candidate_matches_the_loops(case, layout, threads, gemm):
-    """... and on 3 threads, the steps of the first looped index shared between them; and
-    with torch's gemm as the frontend's (storing, and adding in place into the output)."""
-    expr, shapes, out_shape = CASES[case]
-    k, loops = KERNELS[case]
+def _setup(k, loops, shapes, out_shape, layout):
+    """Random inputs (non-contiguous views for that layout), a given output's start values
+    (None for `:=`), the loops' result, the output array the plans write and the ranges."""
     arrays = {n: R.standard_normal(s) for n, s in shapes.items()}
     if layout == "noncontiguous":
         arrays = {n: _noncontiguous(a) for n, a in arrays.items()}
@@ -68,6 +63,18 @@ def test_every_candidate_matches_the_loops(case, layout, threads, gemm):
     want = given.get(eq.output, want)
     out = np.empty_like(want) if start is None else start
     rng = k.ranges(**arrays, **({} if start is None else {eq.output: out}))
+    return arrays, eq, start, want, out, rng
+
+
+@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch")])
+@pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_candidate_matches_the_loops(case, layout, threads, gemm):
+    """... and on 3 threads, the steps of the first looped index shared between them; and
+    with torch's gemm as the frontend's (storing, and adding in place into the output)."""
+    expr, shapes, out_shape = CASES[case]
+    k, loops = KERNELS[case]
+    arrays, eq, start, want, out, rng = _setup(k, loops, shapes, out_shape, layout)
     plans = blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype)
     assert len(plans) > 3
     looped = {p.loop for p in plans}
@@ -167,16 +174,7 @@ def test_padded_reads_match_the_loops(case, layout, threads, gemm):
     k, loops = PAD_KERNELS[case]
     sh = k.shift_plan
     assert isinstance(sh, blas_shift.Padded)
-    arrays = {n: R.standard_normal(s) for n, s in shapes.items()}
-    if layout == "noncontiguous":
-        arrays = {n: _noncontiguous(a) for n, a in arrays.items()}
-    eq = k.equation
-    start = None if out_shape is None else R.standard_normal(out_shape)
-    given = {} if start is None else {eq.output: start.copy()}
-    want = loops(**arrays, **given)
-    want = given.get(eq.output, want)
-    out = np.empty_like(want) if start is None else start
-    rng = k.ranges(**arrays, **({} if start is None else {eq.output: out}))
+    arrays, eq, start, want, out, rng = _setup(k, loops, shapes, out_shape, layout)
     fixed, parts = blas_shift_pad.sub_ranges(sh.slots, [arrays[a.array].shape
                                                         for a in sh.reads], rng)
     assert fixed and len(parts) > 1
