@@ -232,11 +232,10 @@ def _scale(c: Contraction, arrays: dict):
 def _run_matmul(c: Contraction, eq: Equation, arrays: dict, dtype, out):
     mm = c.matmul
     nb, nm, nk, _ = mm.groups
-    a = _merge(arrays[c.operands[0]].transpose(mm.a), nb, nm)
-    b = _merge(arrays[c.operands[1]].transpose(mm.b), nb, nk)
+    at, bt = arrays[c.operands[0]].transpose(mm.a), arrays[c.operands[1]].transpose(mm.b)
+    a, b = _merge(at, nb, nm), _merge(bt, nb, nk)
     if out is None:                 # C-ordered in the left-hand order
-        by_axis = (a.shape[:nb] + arrays[c.operands[0]].transpose(mm.a).shape[nb:nb + nm]
-                   + arrays[c.operands[1]].transpose(mm.b).shape[nb + nk:])
+        by_axis = at.shape[:nb + nm] + bt.shape[nb + nk:]
         out = np.empty(tuple(by_axis[k] for k in np.argsort(mm.out)), dtype)
         assign = "="
     else:
