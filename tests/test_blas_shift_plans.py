@@ -72,7 +72,7 @@ def _setup(k, loops, shapes, out_shape, layout):
 def test_every_candidate_matches_the_loops(case, layout, threads, gemm):
     """... and on 3 threads, the steps of the first looped index shared between them; and
     with torch's gemm as the frontend's (storing, and adding in place into the output)."""
-    expr, shapes, out_shape = CASES[case]
+    _, shapes, out_shape = CASES[case]
     k, loops = KERNELS[case]
     arrays, eq, start, want, out, rng = _setup(k, loops, shapes, out_shape, layout)
     plans = blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype)
@@ -97,7 +97,7 @@ def test_every_candidate_matches_the_loops(case, layout, threads, gemm):
 def test_transposed_copies_are_exercised():
     """Some plan copies an operand in the matrix's transposed order (the gemm reads the copy
     as a transposed view): dW of a conv1d, the im2col of x copied (c, j, i) for K = i."""
-    expr, shapes, out_shape = CASES["dw"]
+    _, shapes, out_shape = CASES["dw"]
     k, _ = KERNELS["dw"]
     arrays = {n: R.standard_normal(s) for n, s in shapes.items()}
     out = np.zeros(out_shape)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import bind as binding
 from .. import blas, codegen, jit, overlap, schedule
-from ..ir import Equation, Gather
+from ..ir import Gather
 
 
 def wants(arrays: dict, kernel=None) -> bool:
@@ -110,7 +110,8 @@ def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
 
 def whole_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
     """A pure contraction whose ranges cover every array, worth running through BLAS."""
-    return (kernel.blas_plan is not None and covers_arrays(kernel.equation, rng, arrays, out)
+    return (kernel.blas_plan is not None
+            and blas.covers(kernel.equation, rng, arrays, out.shape)
             and blas.worth(kernel.blas_plan, rng, arrays))
 
 
@@ -143,8 +144,3 @@ def shift_threads(kernel) -> int:
     n = kernel.loop_threads()
     budget = getattr(jit.budgets, "n", None)
     return min(n, budget) if budget else n
-
-
-def covers_arrays(eq: Equation, rng: dict, arrays: dict, out: np.ndarray) -> bool:
-    """Every bare index runs over exactly the whole extent of each dimension it indexes."""
-    return blas.covers(eq, rng, arrays, out.shape)
