@@ -67,8 +67,8 @@ class Load:
         self.ended, self.threads = self.clock(), threads
 
     def read(self) -> int | None:
-        """The runnable threads now other than the caller and its pool's workers that may
-        still spin (a reading at most `interval` old), None where unknown."""
+        """The runnable threads now, the caller included (a reading at most `interval` old),
+        None where unknown."""
         now = self.clock()
         if self.at is not None and now - self.at < self.interval:
             return self.running
@@ -83,8 +83,6 @@ class Load:
             running = None
         if running is None:
             self.enabled = False        # no such count here: stop looking
-        elif self.ended is not None and now - self.ended < OWN_SPIN:
-            running -= self.threads - 1
         self.at, self.running = now, running
         return running
 
@@ -95,7 +93,8 @@ class Load:
         running = self.read()
         if running is None:
             return threads
-        return min(threads, free_cpus(self.cpus, running))
+        recent = self.ended is not None and self.clock() - self.ended < OWN_SPIN
+        return min(threads, free_cpus(self.cpus, running, self.threads - 1 if recent else 0))
 
 
 def _cpus() -> int:
