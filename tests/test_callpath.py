@@ -271,3 +271,25 @@ def test_replay_flags_read_only_and_unaligned_either_way_round():
         for A1 in order:
             for _ in range(3):
                 np.testing.assert_allclose(k(A=A1, B=B), A @ B)
+
+
+def test_only_serial_kernels_that_allocate_nothing_skip_numbas_runtime():
+    """jit._options: serial loops that create no array are compiled without numba's runtime
+    (a cheaper entry point: no record per array argument), and give numpy's answer through
+    the full path and the replay; a function that allocates keeps the runtime (without it
+    numba cannot compile it), and so does a parallel kernel."""
+    from tullio_py.codegen import Source
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", threads=False)
+    A, B = rng.random((4, 3)), rng.random((3, 5))
+    for _ in range(3):
+        np.testing.assert_allclose(k(A=A, B=B), A @ B)
+    assert not k.last.source.allocates and k.last.fn.targetoptions["_nrt"] is False
+    scalar = "def f(y_):\n    y_[0] = _np.float64(_np.exp(y_[1])) + _np.maximum(y_[2], _np.inf)\n"
+    alloc = "def f(y_):\n    t = _np.empty(2, _np.float64)\n    t[:] = 2.0\n    y_[0] = t.sum()\n"
+    assert not Source(scalar, "f", ("y_",), False, False).allocates
+    assert "_nrt" not in jit._options(Source(scalar, "f", ("y_",), True, False))
+    src = Source(alloc, "f", ("y_",), False, False)
+    assert src.allocates and "_nrt" not in jit._options(src)
+    y = np.zeros(3)
+    jit.load(src, "cpu")(y)
+    assert y[0] == 4.0

@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from . import cache, cpu_load, memo, vecmath
+from . import cache, cpu_load, memo, tbb_lib, vecmath
 from .codegen import Source
 
 _ND = np.ndarray
@@ -53,10 +53,17 @@ def _keyed_text(source: Source, target: str, signature: str) -> str:
     from .version import __version__
     head = (f"# tullio_py {__version__} kernel for numba {numba.__version__}, python "
             f"{sys.version_info[0]}.{sys.version_info[1]}; target {target}; parallel="
-            f"{source.parallel}, fastmath={source.fastmath}, {_NUMBA_OPTIONS}\n"
+            f"{source.parallel}, fastmath={source.fastmath}, {_options(source)}\n"
             f"# vector math: {_vecmath_hash()}\n"
             f"# arguments: {signature or 'any'}\n")
     return head + module_text(source, target)
+
+
+def _options(source: Source) -> dict:
+    """numba's options.  A serial kernel that allocates nothing runs without numba's runtime
+    (NRT): its entry point then takes an array without a heap record of its own per call."""
+    return (_NUMBA_OPTIONS if source.parallel or source.allocates
+            else {**_NUMBA_OPTIONS, "_nrt": False})
 
 
 def load(source: Source, target: str, signature: str = ""):
@@ -85,7 +92,7 @@ def load(source: Source, target: str, signature: str = ""):
             exec(compile(text, "<tullio_py kernel>", "exec"), namespace)
         flags = set(source.fastmath) if isinstance(source.fastmath, tuple) else source.fastmath
         fn = numba.njit(parallel=source.parallel, fastmath=flags,
-                        cache=module is not None, **_NUMBA_OPTIONS)(namespace[source.name])
+                        cache=module is not None, **_options(source))(namespace[source.name])
         if module is not None:
             _load_without_registries(fn)
         _LOADED[text] = fn
@@ -234,10 +241,8 @@ stats = cache.CompileStats(_LOADED)   # numba's counters over the loaded kernels
 # ----------------------------------------------------------------------------- threads
 # The threading layer (numba's thread pool) is chosen once per process, before numba starts
 # its pool, the first time a kernel is loaded:
-# - "tbb" when the TBB library loads: safe from many Python threads at once and in forked
-#   children.  The `tbb` wheel installs libtbb.so.12 into the environment's lib/, which the
-#   dynamic loader does not search; it is loaded here by its path (RTLD_GLOBAL), after which
-#   numba's lookup by name and its tbbpool extension's dependency find the loaded library.
+# - "tbb" when the TBB library loads (tbb_lib.py: the `tbb` wheel's, by its path): safe from
+#   many Python threads at once and in forked children.
 # - otherwise "workqueue" (fork-safe), with a lock so that two Python threads never run a
 #   parallel kernel at once (workqueue aborts the process on concurrent use).
 # A layer chosen by the user (NUMBA_THREADING_LAYER, numba.config.THREADING_LAYER set before the
@@ -246,7 +251,6 @@ stats = cache.CompileStats(_LOADED)   # numba's counters over the loaded kernels
 # avoided in such children: their parallel kernels run as serial compilations of the same code.
 _SERIAL = memo.Memo("jit.serial", 256)      # parallel dispatcher -> its serial compilation
 _CHOOSING = threading.Lock()
-_TBB_NAMES = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
 _layer: str | None = None   # the layer in use, once chosen
 _lock = None                # "workqueue": held while a parallel kernel runs
 _serial_only = False        # a forked child of a GNU OpenMP process
@@ -306,50 +310,14 @@ def _defer_blas_check():
 
 
 def _load_tbb() -> bool:
-    """Whether numba's TBB layer can load: libtbb (2021.6 or later) loaded by its path in the
-    environment's lib/ or among the files of the installed `tbb` distribution (first: an older
-    system copy found by name would shadow it), else by name."""
-    import ctypes
-    name = _TBB_NAMES.get(sys.platform)
-    if name is None:
-        return False
-    lib = None
-    for path in [*_tbb_paths(name), name]:
-        try:
-            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-            break
-        except OSError:
-            continue
-    if lib is None:
+    """Whether numba's TBB layer can load (tbb_lib.load: the library, 2021.6 or later)."""
+    if not tbb_lib.load():
         return False
     try:
-        version = lib.TBB_runtime_interface_version
-        version.restype = ctypes.c_int
-        if version() < 12060:
-            return False
         from numba.np.ufunc import tbbpool  # noqa: F401  (its dependency resolves now)
-    except (AttributeError, ImportError, OSError):
+    except (ImportError, OSError):
         return False
     return True
-
-
-def _tbb_paths(name: str) -> list:
-    import site
-    dirs = [os.path.join(p, "lib") for p in dict.fromkeys(
-        [sys.prefix, sys.exec_prefix, sys.base_prefix, site.getuserbase()])]
-    found = [p for p in dict.fromkeys(os.path.normpath(os.path.join(d, name)) for d in dirs)
-             if os.path.exists(p)]
-    if found:                   # the environment's own: its distribution's record not read
-        return found
-    try:
-        from importlib import metadata
-        for f in metadata.distribution("tbb").files or ():
-            if f.name == name:
-                dirs.append(os.path.dirname(str(f.locate())))
-    except Exception:                    # no tbb distribution, or an unreadable record
-        pass
-    paths = dict.fromkeys(os.path.normpath(os.path.join(d, name)) for d in dirs)
-    return [p for p in paths if os.path.exists(p)]
 
 
 def _after_fork_in_child():

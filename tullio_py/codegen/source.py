@@ -1,7 +1,10 @@
 """What a CPU/python renderer hands to jit: the function's text and how to call it."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -11,6 +14,17 @@ class Source:
     args: tuple[str, ...]  # positional arguments, in order
     parallel: bool
     fastmath: object     # True, False, or a tuple of LLVM fast-math flags
+
+    @property
+    def allocates(self) -> bool:
+        """Whether the function may create arrays: it calls a `_np.` function that is neither
+        a ufunc nor a scalar type (the loops apply those to elements, which allocates nothing).
+        A serial function that does not is compiled without numba's runtime (jit._options)."""
+        for name in re.findall(r"\b_np\.(\w+)\(", self.text):
+            f = getattr(np, name, None)
+            if not (isinstance(f, np.ufunc) or isinstance(f, type) and issubclass(f, np.generic)):
+                return True
+        return False
 
 
 # LLVM fast-math flags of float sums: reassociation (so reductions vectorise), contraction
