@@ -103,7 +103,8 @@ def _load_without_registries(fn):
     """Make `fn`'s disk-cache load skip numba's registries.  numba refreshes its typing and
     lowering registries before it looks in its cache (importing most of numba's
     implementation modules: the larger part of a new process's first call), but machine code
-    read from disk needs only numba's runtime (NRT) symbols; numba's C helpers are installed
+    read from disk needs only numba's runtime (NRT) symbols (none, compiled without it:
+    jit._options, then NRT is not set up, a fifth of that call); numba's C helpers are installed
     with its target context, and a parallel kernel's own reload hook starts the thread pool.
     A miss compiles as before (numba's compiler refreshes the registries itself), and only
     then are numba's extension entry points (third-party types, read from every installed
@@ -114,9 +115,12 @@ def _load_without_registries(fn):
     if load is None or guard is None or not hasattr(fn, "_compilation_chain_init_hook"):
         return                              # another numba: its own load
 
+    nrt = fn.targetoptions.get("_nrt", True)
+
     def load_overload(sig, target_context):
-        from numba.core.runtime import rtsys
-        rtsys.initialize(target_context)
+        if nrt:
+            from numba.core.runtime import rtsys
+            rtsys.initialize(target_context)
         with guard():
             cres = load(sig, target_context)
             if cres is not None:
