@@ -202,8 +202,10 @@ p = kernel("y[i] := exp(x[i]) * 2 + x[i]", threads=True)
 ok = bool(np.allclose(k(A=A, B=B), A @ B))
 from numba.core.runtime import rtsys
 nrt_serial = rtsys._init        # the serial loops allocate nothing: compiled without NRT
+pool_serial = jit._layer        # nor do they need numba's thread pool
 ok = ok and bool(np.allclose(p(x=x), np.exp(x) * 2 + x))
 res = {"ok": ok, "parallel": p.last.source.parallel, "nrt_serial": nrt_serial,
+       "pool_serial": pool_serial,
        "registries": "numba.np.arraymath" in sys.modules, "masked": "numpy.ma" in sys.modules}
 n = kernel("z[i] := x[i] * 3 - A[i, 0]", threads=False)(x=x[:4], A=A)  # compiled here
 res["new_ok"] = bool(np.allclose(n, x[:4] * 3 - A[:, 0]))
@@ -218,7 +220,7 @@ def test_a_disk_load_skips_numbas_registries(tmp_path):
     without numpy.ma (arrays typed as numba types them: the same overloads are found), runs
     right, and a kernel compiled afterwards in the same process still compiles (the
     registries load then, without importing scipy.linalg).  The serial one, compiled without
-    numba's runtime (NRT), loads without setting that up."""
+    numba's runtime (NRT), loads without setting that up, or numba's thread pool."""
     first = _finish(_start(tmp_path, LOAD_SCRIPT))
     assert first["ok"] and first["new_ok"] and first["parallel"] and first["compiles"] == 3
     again = _finish(_start(tmp_path, LOAD_SCRIPT.replace("x[i] * 3 -", "x[i] * 4 -")
@@ -227,6 +229,7 @@ def test_a_disk_load_skips_numbas_registries(tmp_path):
     assert (again["disk_hits"], again["compiles"]) == (2, 1)
     assert not again["registries"] and not again["scipy.linalg"] and not again["masked"]
     assert not again["nrt_serial"]      # set up only for the parallel kernel, loaded next
+    assert first["pool_serial"] is again["pool_serial"] is None     # started for it too
 
 
 VJP_SCRIPT = r"""

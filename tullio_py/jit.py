@@ -49,7 +49,7 @@ def module_text(source: Source, target: str) -> str:
 
 
 def _keyed_text(source: Source, target: str, signature: str) -> str:
-    numba = _numba()
+    numba = _numba(False)
     from .version import __version__
     head = (f"# tullio_py {__version__} kernel for numba {numba.__version__}, python "
             f"{sys.version_info[0]}.{sys.version_info[1]}; target {target}; parallel="
@@ -82,7 +82,7 @@ def load(source: Source, target: str, signature: str = ""):
     text = _keyed_text(source, target, signature)
     fn = _LOADED.get(text)
     if fn is None:
-        numba = _numba()
+        numba = _numba(source.parallel)
         module = cache.load_module(text)
         if module is not None:
             namespace = module.__dict__
@@ -195,7 +195,7 @@ def vector_function(name: str):
     """The compiled vecmath function `name` (vecmath.FUNCTIONS)."""
     fn = _VM.get(name)
     if fn is None:
-        numba = _numba()
+        numba = _numba(False)
         with _VM_LOCK:                          # the overloads are registered once
             if not _VM:
                 from . import intrinsics
@@ -230,10 +230,9 @@ _VECMATH_HASH: list = []
 def _vecmath_hash() -> str:
     if not _VECMATH_HASH:
         import hashlib
-        from . import intrinsics
         h = hashlib.sha256()
-        for module in (vecmath, intrinsics):
-            with open(module.__file__, "rb") as f:
+        for name in ("vecmath.py", "intrinsics.py"):      # intrinsics.py: read, not imported
+            with open(os.path.join(os.path.dirname(vecmath.__file__), name), "rb") as f:
                 h.update(f.read())
         _VECMATH_HASH.append(h.hexdigest()[:16])
     return _VECMATH_HASH[0]
@@ -244,7 +243,7 @@ stats = cache.CompileStats(_LOADED)   # numba's counters over the loaded kernels
 
 # ----------------------------------------------------------------------------- threads
 # The threading layer (numba's thread pool) is chosen once per process, before numba starts
-# its pool, the first time a kernel is loaded:
+# its pool, the first time a parallel kernel is loaded:
 # - "tbb" when the TBB library loads (tbb_lib.py: the `tbb` wheel's, by its path): safe from
 #   many Python threads at once and in forked children.
 # - otherwise "workqueue" (fork-safe), with a lock so that two Python threads never run a
@@ -263,9 +262,10 @@ _max = 0                    # numba's thread count, once the layer is chosen
 budgets = threading.local()   # .n: thread_budget of this Python thread
 
 
-def _numba():
-    """numba, with the threading layer chosen and the pool started (once per process)."""
-    if _layer is None:
+def _numba(parallel: bool = True):
+    """numba, with the threading layer chosen and the pool started (once per process) unless
+    only serial code is wanted (which never starts the pool: a serial kernel's load skips it)."""
+    if parallel and _layer is None:
         _choose_layer()
     import numba
     return numba
