@@ -18,7 +18,7 @@ import numpy as np
 from . import blas as _blas
 from . import blas_shift as _shift
 from . import bind as binding
-from . import callpath, codegen, dtypes, factory, summation, jit, memo, ranges as ranges_mod, rewrite, schedule
+from . import callpath, chain_text, codegen, dtypes, factory, summation, jit, memo, ranges as ranges_mod, rewrite, schedule
 from .signature import CallSignature, CompileKey, dims_by_stride
 from .errors import ArgumentError, ParseError, SummationWarning
 from .options import NAMES as OPTION_NAMES, TARGETS, Options  # noqa: F401
@@ -335,7 +335,7 @@ class Kernel:
 # ----------------------------------------------------------------------------- public verbs
 def kernel(expr: str | Equation, /, **options) -> Kernel:
     """A Kernel for `expr` (text, or an Equation another stage derived), cached per expression
-    and (validated) options."""
+    and (validated) options; a text of several statements gives a Chain (chain.py)."""
     if isinstance(expr, str):
         expr_key = expr
     elif isinstance(expr, Equation):    # frozen and hashable; never equal to a text key
@@ -347,7 +347,7 @@ def kernel(expr: str | Equation, /, **options) -> Kernel:
             opts = Options.from_kwargs(**options)
         except ArgumentError:
             arrays = [n for n, v in options.items() if isinstance(v, np.ndarray)]
-            if not arrays:
+            if not arrays or chain_text.is_chain(expr):
                 raise
             Kernel._check_option_names(expr)       # the statement names an array like an option
             raise ArgumentError(f"option {', '.join(arrays)} got an array: option names are "
@@ -359,7 +359,11 @@ def kernel(expr: str | Equation, /, **options) -> Kernel:
         opts, key = _DEFAULT, (expr_key, None, bool)
     k = _KERNELS.get(key)
     if k is None:
-        k = _KERNELS[key] = Kernel(expr, opts)
+        if chain_text.is_chain(expr):       # several statements (chain.py)
+            from .chain import Chain
+            k = _KERNELS[key] = Chain(expr, opts)
+        else:
+            k = _KERNELS[key] = Kernel(expr, opts)
     return k
 
 
@@ -382,6 +386,13 @@ def tullio(expr: str, /, **arrays_and_options):
     options = {k: v for k, v in arrays_and_options.items() if k in OPTIONS}
     arrays = {k: v for k, v in arrays_and_options.items() if k not in OPTIONS}
     k = kernel(expr, **options)
+    if not isinstance(k, Kernel):       # a Chain: its inputs, from the caller's scope too
+        missing = [n for n in k.inputs if n not in arrays]
+        if missing:
+            frame = sys._getframe(1)
+            scope = {**frame.f_globals, **frame.f_locals}
+            arrays.update((n, scope[n]) for n in missing if n in scope)
+        return k(**arrays)
     if k.summation_message and k._warned_by_tullio:   # the first warning came from Kernel()
         warnings.warn(k.summation_message, SummationWarning, stacklevel=2)
     k._warned_by_tullio = True

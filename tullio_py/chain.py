@@ -1,0 +1,220 @@
+"""`Chain`: several statements as one kernel (`kernel("m[i] := ...; y[i,j] := ...")`).
+
+The text's statements (chain_text.py: one per line or separated by ';', each `:=`) run in
+order, each by its own Kernel, the arrays they define passed on by name; the result is the
+last statement's array, the others are temporaries.  Options apply to every statement
+(`ranges=` names go to the statements that have such an index); `nograd=` names inputs that
+get no gradient, or temporaries whose value the gradient holds constant (a softmax's row
+maximum: any value gives the same softmax).
+
+Forward, numpy arrays: consecutive statements that satisfy codegen/rows.py's rule (a row index
+bare on every left-hand side, the arrays they write read only at the row being written) run
+as one parallel loop over blocks of rows, each statement's own compiled function over the
+block in turn (vjp_rows.row_groups chooses them, as for gradient steps), so a block's rows are
+still in the cache when the next statement reads them.  The values are those of the statements
+run one by one, bit for bit, on any number of threads.  Statements that run through BLAS,
+gather, read a 0-d temporary, or run on another target run on their own, as do all statements
+of a chain with a gather.  Decided once per call signature (the inputs' dtypes, shapes and
+strides).  Inside a `Tape`, and with dask or CUDA arrays, the statements run one by one
+through their kernels (the Tape records each).  torch tensors: frontends/torch_chain.py, one
+autograd node for the whole chain.
+
+Gradient: chain_grad.py.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from . import bind as binding, chain_grad, chain_text, factory, jit, memo, schedule, vjp_rows
+from . import tape as _tape
+from .errors import ArgumentError, GradientError
+from .options import Options
+from .vjp_plan import Statement, Step, arrays_of, frozen_ranges, standin
+
+# Consecutive statements sharing a row index run as one pass over blocks of rows (forward).
+ROWS = True
+
+
+class Chain:
+    """Several tullio_py statements run as one kernel.  Call it with the inputs by keyword."""
+
+    def __init__(self, text: str, options: Options | None = None, /, **kw):
+        if options is None:
+            options = Options.from_kwargs(**kw)
+        self.text, self.options = text, options
+        self.spec = chain_text.parse_chain(text, options.given)
+        chain_text.check_nograd(self.spec, options.nograd)
+        self.kernels = tuple(self.statement_kernel(k) for k in range(len(self.spec.parts)))
+        self._plans = memo.Memo("chain.plans", 32)        # call signature -> forward steps
+        self._rows = memo.Memo("chain.rows", 32)          # compile key -> row-group function
+        self._grad = chain_grad.ChainGradient(self)
+        self.last_groups = None
+
+    # ------------------------------------------------------------------ the statements
+    @property
+    def statements(self) -> tuple[str, ...]:
+        return tuple(p.text for p in self.spec.parts)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.spec.inputs
+
+    @property
+    def result(self) -> str:
+        return self.spec.result
+
+    def statement_kernel(self, k: int, nograd=()):
+        """The Kernel of statement k (its gradient side with inputs `nograd` held constant)."""
+        p = self.spec.parts[k]
+        kw = {n: v for n, v in self.options.as_kwargs().items() if n not in ("ranges", "nograd")}
+        given = self.options.given
+        ranges = {n: given[n] for n in p.given} or None
+        return factory.kernel(p.text, **kw, ranges=ranges, nograd=tuple(nograd))
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, /, **arrays):
+        torch = sys.modules.get("torch")
+        if torch is not None and any(isinstance(v, torch.Tensor) for v in arrays.values()):
+            self.check_inputs(arrays)
+            from .frontends import torch_chain
+            return torch_chain.call(self, arrays)
+        return self.run(arrays)[self.spec.result]
+
+    def check_inputs(self, arrays: dict) -> None:
+        spec = self.spec
+        for n in arrays:
+            if n in spec.defined:
+                k = spec.defined.index(n)
+                raise ArgumentError(f"{n} is defined by statement {k + 1} of the chain: pass "
+                                    "only its inputs", spec.parts[k].text,
+                                    spec.parts[k].equation.lhs.span)
+            if n not in spec.inputs:
+                raise ArgumentError(f"not used by the chain: {n}", self.text, None,
+                                    f"its inputs are {', '.join(spec.inputs)}")
+        missing = [n for n in spec.inputs if n not in arrays]
+        if missing:
+            k = next(k for k, p in enumerate(spec.parts) if missing[0] in p.reads)
+            p = spec.parts[k]
+            raise ArgumentError(f"missing array{'s' if len(missing) > 1 else ''}: "
+                                f"{', '.join(missing)}", p.text, binding.find(p.text, missing[0]),
+                                f"pass {missing[0]}=... as a keyword")
+
+    def run(self, arrays: dict) -> dict:
+        """Every array of the chain by name: the inputs, the temporaries and the result."""
+        self.check_inputs(arrays)
+        ns = dict(arrays)
+        host = all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values())
+        if not host or _tape.current() is not None:
+            self.last_groups = None
+            return self.one_by_one(ns)
+        steps, statements, fills = self.plan(ns)
+        threads = schedule.thread_count(self.options.threads, jit.max_threads())
+        for step in steps:
+            if step.rows is None:
+                k = step.members[0]
+                ns[self.spec.defined[k]] = self.kernels[k](
+                    **{n: ns[n] for n in self.spec.parts[k].reads})
+                continue
+            f = step.rows
+            named = dict(f.consts)
+            for k, name in zip(step.members, f.outputs):
+                s, (shape, dtype, fill) = statements[k], fills[k]
+                out = np.full(shape, self.options.pad, dtype) if fill else np.empty(shape, dtype)
+                named.update(arrays_of(s, _scalars(ns, self.spec.scalars), {}, run=True))
+                ns[s.output] = out
+                named[name] = out.reshape(1) if out.ndim == 0 else out
+            jit.call(self.rows_function(f), [named[a] for a in f.source.args],
+                     f.source.parallel, threads)
+        self.last_groups = tuple(s.members for s in steps)
+        return ns
+
+    def one_by_one(self, ns: dict) -> dict:
+        for k, p in enumerate(self.spec.parts):
+            ns[p.equation.output] = self.kernels[k](**{n: ns[n] for n in p.reads})
+        return ns
+
+    def plan(self, arrays: dict):
+        """(steps, vjp_plan.Statement per statement, (shape, dtype, fill) per statement) of
+        a forward with these inputs: "rows" steps for the row groups, one step per other
+        statement.  Checks every statement's arrays as its own call would."""
+        key = _signature(arrays)
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        values = _scalars(dict(arrays), self.spec.scalars)
+        spec, gathers = self.spec, any(p.equation.gathers() for p in self.spec.parts)
+        statements, steps, fills = [], [], []
+        for k, (p, kern) in enumerate(zip(spec.parts, self.kernels)):
+            eq = p.equation
+            b = binding.bind(eq, kern.options, {n: values[n] for n in p.reads})
+            values[eq.output] = standin(b.shape, b.dtype)
+            alone = (gathers or not ROWS or kern.blas_plan is not None
+                     or kern.shift_plan is not None or kern.target not in ("auto", "cpu")
+                     or any(n in spec.defined for n in eq.params))
+            statements.append(Statement(eq, p.text, eq.output, frozen_ranges(b.ranges)))
+            steps.append(Step("blas" if alone else "loops", (k,)))
+            fills.append((b.shape, b.dtype, b.fill))
+        steps = vjp_rows.row_groups(steps, statements, list(self.kernels), values, {}, True)
+        hit = self._plans[key] = (steps, tuple(statements), tuple(fills))
+        return hit
+
+    def rows_function(self, f):
+        """The compiled function of a row group (vjp_plan.Rows), once per compile key."""
+        fn = self._rows.get(f.key)
+        if fn is None:
+            fn = self._rows[f.key] = jit.load(f.source, "cpu", signature="; ".join(
+                k.arguments for k in f.key))
+        return fn
+
+    # ------------------------------------------------------------------ gradients
+    def vjp(self, cotangent, /, **arrays) -> dict:
+        """{input: gradient of sum(result * cotangent)} for every float input not in nograd
+        (numpy arrays; torch tensors get theirs through torch autograd)."""
+        if not self.options.grad:
+            raise GradientError("gradients are switched off for this kernel (grad=False)",
+                                self.text, None, "create the kernel without grad=False")
+        self.check_inputs(arrays)
+        ns = self.run(arrays)
+        return self._grad.vjp(ns, np.asarray(cotangent), arrays)
+
+    @property
+    def gradient_side(self) -> chain_grad.ChainGradient:
+        return self._grad
+
+    @property
+    def gradient_equations(self) -> list[str]:
+        """Statements, valid tullio() input, that reproduce vjp when run one by one in order
+        (chain_grad.py: into zero-filled arrays named by `gradient_names`, reading the inputs,
+        the temporaries and the cotangent `d<result>`; bounds of the last vjp call)."""
+        return self._grad.equations()
+
+    @property
+    def gradient_names(self) -> dict:
+        """{array: the name of its gradient in gradient_equations}, inputs and temporaries."""
+        return self._grad.names()
+
+    @property
+    def gradient_plan(self):
+        """The vjp_plan.VjpPlan the last vjp ran (its steps say which statements ran how)."""
+        return self._grad.last_plan
+
+    def __repr__(self):
+        return f"kernel({self.text!r})"
+
+
+def _scalars(ns: dict, names) -> dict:
+    """`ns` with the chain's scalar inputs as the compiled code takes them (a 0-d array as a
+    Python scalar, bind.collect's rule)."""
+    for n in names:
+        v = ns.get(n)
+        if isinstance(v, np.ndarray) and v.ndim == 0:
+            ns[n] = v.item()
+    return ns
+
+
+def _signature(arrays: dict) -> tuple:
+    return tuple(sorted(
+        (n, v.dtype.str, v.shape, v.strides) if isinstance(v, np.ndarray)
+        else (n, type(v).__name__, str(getattr(v, "dtype", ""))) for n, v in arrays.items()))

@@ -1,0 +1,301 @@
+"""Reverse mode through a chain (chain.py): one vjp plan for all its statements.
+
+The statements are walked from the last to the first.  A statement whose array gets a
+gradient (it reads some input or temporary that does, through statements not in `nograd=`)
+contributes its own gradient statements (grad.py, through its Kernel's gradient side, with the
+inputs that get none held constant): they read its array's cotangent `d<out>` and add into
+`d<x>` for each array x it reads -- a temporary's cotangent (read by the statements of the
+statement that defines it, further down the walk) or an input's gradient.  Names are the
+chain's: `d<name>` for every array, a trailing `_` where that name is taken; helper statements
+and helper parameters are renamed where two statements would share one.
+
+All of it is one vjp_plan.VjpPlan, run by vjp_run.py like a statement's own: each statement's
+gradient statements are chosen as its Kernel's vjp chooses them (BLAS, one fused nest, loops),
+the first statement writing an array that it covers element by element writes it with `=`
+into an unzeroed array (vjp_plan.overwrites: nothing added before), and consecutive steps that
+share a row index run as one pass over blocks of rows (vjp_rows.row_groups: the softmax's
+`dz`, `de` and `dx` statements, each block's rows still in the cache for the next).
+
+`equations()` prints the statements in run order: run one by one with `tullio()` into
+zero-filled `d<x>` arrays (the inputs' and the temporaries'), with the inputs, the forward's
+temporaries and result and the cotangent `d<result>`, they reproduce vjp (bit for bit with
+`fuse=False` and `blas=False`, as a statement's own printed gradient does).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from . import bind as binding, jit, memo, vjp_plan, vjp_rows, vjp_run
+from .gradient_kernel import learnable_scalars
+from .ir import Access, Gather, Param, Wrapped, map_expr
+from .vjp_plan import Array, Statement, VjpPlan, frozen_ranges, standin
+
+# Consecutive gradient steps sharing a row index run as one pass over blocks of rows.
+ROWS = True
+
+
+class ChainGradient:
+    def __init__(self, chain):
+        self.chain = chain
+        self._plans = memo.Memo("chain.vjp_plans", 32)
+        self._fused = memo.Memo("chain.fused", 64)
+        self.last_plan = None
+        self._last = None           # (entries, shapes) of the last vjp, for printing
+
+    # ------------------------------------------------------------------ names
+    def names(self) -> dict:
+        """{array: its gradient's name}: `d<name>`, a trailing `_` while the name is taken."""
+        hit = self.__dict__.get("_names")
+        if hit is None:
+            used = self._used()
+            hit = {}
+            for n in (*self.chain.spec.inputs, *self.chain.spec.defined):
+                d = "d" + n
+                while d in used:
+                    d += "_"
+                used.add(d)
+                hit[n] = d
+            self._names = hit
+        return dict(hit)
+
+    def _used(self) -> set:
+        used = set()
+        for p in self.chain.spec.parts:
+            eq = p.equation
+            used |= {eq.output, *eq.arrays, *eq.params, *eq.indices}
+        return used
+
+    def needs(self, arrays: dict | None) -> set:
+        """The names whose gradient flows: inputs not in nograd= that are float or complex
+        arrays (or 0-d such arrays read as scalars: `arrays` None, every array input), and
+        the temporaries not in nograd= computed from one."""
+        spec, nograd = self.chain.spec, set(self.chain.options.nograd)
+        need = set()
+        for n in spec.inputs:
+            if n in nograd:
+                continue
+            if arrays is None:
+                ok = n not in spec.scalars
+            else:
+                v = arrays[n]
+                ok = (isinstance(v, np.ndarray) or hasattr(v, "dtype")) and \
+                    np.dtype(v.dtype).kind in "fc" and (n not in spec.scalars or v.ndim == 0)
+            if ok:
+                need.add(n)
+        for p in spec.parts:
+            if p.equation.output not in nograd and any(r in need for r in p.reads):
+                need.add(p.equation.output)
+        return need
+
+    # ------------------------------------------------------------------ planning
+    def _statements(self, need: set, values: dict | None, arrays: dict | None):
+        """Per differentiated statement, last first: (its Gradient, renamed helpers, renamed
+        gradients as (input, dtype or None, [(statement, ranges or None)]), renamed params,
+        call state or None).  `values` (None: no call, symbolic printing): the forward's
+        arrays and the gradient stand-ins so far, by name; stand-ins are added to it."""
+        chain, spec, dn = self.chain, self.chain.spec, self.names()
+        used = self._used() | set(dn.values())
+        out = []
+        for k in reversed(range(len(spec.parts))):
+            p = spec.parts[k]
+            eq = p.equation
+            if eq.output not in need or (values is not None and dn[eq.output] not in values):
+                continue
+            fixed = tuple(sorted(r for r in p.reads if r not in need))
+            if all(r in fixed for r in p.reads):
+                continue
+            G = chain.statement_kernel(k, fixed).gradient_side()
+            if values is None:
+                d, st = G.derivation(False), None
+            else:
+                reads = {n: arrays[n] if n in arrays else values[n] for n in p.reads}
+                collected = binding.collect(eq, reads)
+                scalars = {n: v for n, v in learnable_scalars(eq, reads).items() if n in need}
+                st = G.call_state(collected, values[dn[eq.output]], scalars)
+                d = st.d
+            amap = {d.cotangent: dn[eq.output], **{dx: dn[x] for x, dx in d.gradient_names}}
+            pmap = {}
+            for h in d.helpers:
+                amap[h.output] = _fresh(h.output, used)
+            for name, _ in d.params:
+                pmap[name] = _fresh(name, used)
+            helpers = [_rename(h, amap, pmap) for h in d.helpers]
+            if st is None:
+                grads = [(x, None, [(_rename(g, amap, pmap), None) for g in eqs])
+                         for x, eqs in d.grads]
+                params = {}
+            else:
+                grads = [(x, dt, [(_rename(g, amap, pmap), r) for g, _, r in eqs])
+                         for x, dt, eqs in st.grads]
+                params = {pmap[n]: v for n, v in st.params.items()}
+                for x, dt, _ in grads:
+                    shape = () if np.ndim(values[x]) == 0 else tuple(np.shape(values[x]))
+                    old = values.get(dn[x])
+                    if old is not None and old.dtype != dt:
+                        dt = np.result_type(old.dtype, dt)
+                    values[dn[x]] = standin(shape, dt)
+            out.append((G, helpers, grads, params, st))
+        return out
+
+    def plan(self, ns: dict, cot: np.ndarray, arrays: dict, need: set):
+        """(VjpPlan, kernels, ranges as dicts, params, printing entries, shapes)."""
+        chain, dn = self.chain, self.names()
+        fuse = chain.options.fuse
+        values = dict(ns)
+        values[dn[chain.spec.result]] = cot
+        parts = self._statements(need, values, arrays)
+        arrays_out: dict = {}
+        statements, kernels, steps, entries, params = [], [], [], [], {}
+        written = set()
+        for G, helpers, grads, prm, st in parts:
+            params.update(prm)
+            rng = st.rng
+            base = len(statements)
+            mine = []
+            for h in helpers:
+                dtype = vjp_plan.helper_dtype(h, {**values, **params})
+                hshape = tuple(st.shapes[st.d.cotangent])   # the statement's array's shape
+                values[h.output] = standin(hshape, dtype)
+                arrays_out[h.output] = Array(h.output, hshape, dtype)
+                mine.append(Statement(h, str(h), h.output, frozen_ranges(rng)))
+                entries.append((G, h, rng, prm))
+            for x, dt, eqs in grads:
+                name = dn[x]
+                shape, dtype = values[name].shape, values[name].dtype
+                arrays_out[name] = Array(name, shape, dtype, x)
+                for g, grng in eqs:
+                    entries.append((G, g, rng, prm))
+                    mine.append(Statement(g, str(g), name, frozen_ranges(grng)))
+            # the first statement writing an array it covers element by element: '=' into
+            # an unzeroed array (the only one of this statement's writing it)
+            for j, s in enumerate(mine):
+                if j < len(helpers) or s.output in written:
+                    continue
+                alone = sum(t.output == s.output for t in mine) == 1
+                a = arrays_out[s.output]
+                if alone and vjp_plan.overwrites(s.equation, vjp_plan.as_ranges(s.ranges), a.shape):
+                    mine[j] = replace(s, equation=replace(s.equation, assign="="))
+                    arrays_out[s.output] = replace(a, written=True)
+            written |= {s.output for s in mine[len(helpers):]}
+            if fuse:
+                mine = mine[:len(helpers)] + [vjp_plan.relaid(s, G.kernel_for, values, params)
+                                              for s in mine[len(helpers):]]
+            ks = [G.kernel_for(s.equation) for s in mine]
+            local = vjp_plan.choose(mine, len(helpers), ks, values, params, fuse)
+            steps += [replace(s, members=tuple(m + base for m in s.members)) for s in local]
+            statements += mine
+            kernels += ks
+        if fuse and ROWS:
+            steps = list(vjp_rows.row_groups(steps, statements, kernels, values, params, True))
+        p = VjpPlan(dn[chain.spec.result], (), tuple(params.items()), tuple(arrays_out.values()),
+                    tuple(statements), tuple(steps))
+        shapes = {n: tuple(np.shape(v)) for n, v in values.items()
+                  if isinstance(v, np.ndarray) or np.isscalar(v)}
+        return (p, tuple(kernels), tuple(vjp_plan.as_ranges(s.ranges) for s in statements),
+                params, tuple(entries), shapes)
+
+    # ------------------------------------------------------------------ running
+    def vjp(self, ns: dict, cot: np.ndarray, arrays: dict, wanted=None) -> dict:
+        """{input: gradient} from the forward's arrays `ns` (inputs, temporaries, result),
+        the cotangent and the inputs as passed (0-d arrays get gradients); `wanted`: the
+        inputs asked for (None: every one that has a gradient)."""
+        from .errors import GradientError
+        chain = self.chain
+        result = ns[chain.spec.result]
+        if cot.shape != np.shape(result):
+            raise GradientError(f"the cotangent has shape {cot.shape}, but the chain's result "
+                                f"{chain.spec.result} has shape {np.shape(result)}", chain.text)
+        need = self.needs(arrays)
+        if wanted is not None:
+            need = self._only(need, set(wanted))
+        key = (_signature(arrays), cot.dtype.str, cot.shape, cot.strides, frozenset(need))
+        gathers = any(p.equation.gathers() for p in chain.spec.parts)
+        hit = None if gathers else self._plans.get(key)
+        if hit is None:
+            hit = self.plan(ns, cot, arrays, need)
+            if not gathers:
+                self._plans[key] = hit
+        p, kernels, ranges, params, entries, shapes = hit
+        run_ns = dict(ns)
+        run_ns[p.cotangent] = cot[()] if cot.ndim == 0 else cot
+        record: dict = {}
+        got = vjp_run.run(p, vjp_run.Host(kernels, ranges, params, record, self.fused_function,
+                                          chain.options.threads), run_ns)
+        self.last_plan, self._last = p, (entries, shapes)
+        out = {}
+        for n in chain.spec.inputs:
+            if n not in need:
+                continue
+            x = np.asarray(arrays[n])
+            dx = got.get(n)
+            if dx is None:
+                dx = np.zeros(x.shape, x.dtype)
+            if x.dtype.kind != "c" and dx.dtype.kind == "c":
+                dx = dx.real
+            out[n] = np.ascontiguousarray(dx.astype(x.dtype, copy=False))
+        return out
+
+    def _only(self, need: set, wanted: set) -> set:
+        """`need` restricted to what the wanted inputs' gradients pass through."""
+        flows = {n for n in need if n in wanted}
+        for p in self.chain.spec.parts:
+            if p.equation.output in need and any(r in flows for r in p.reads):
+                flows.add(p.equation.output)
+        return flows
+
+    def fused_function(self, f):
+        fn = self._fused.get((type(f), f.key))
+        if fn is None:
+            fn = self._fused[type(f), f.key] = jit.load(f.source, "cpu", signature="; ".join(
+                k.arguments for k in f.key))
+        return fn
+
+    # ------------------------------------------------------------------ printing
+    def equations(self) -> list[str]:
+        """The gradient statements in run order (module docstring)."""
+        if self._last is None:
+            out = []
+            for G, helpers, grads, _, _ in self._statements(self.needs(None), None, None):
+                out += [G.printable(h, None, None, {}) for h in helpers]
+                out += [G.printable(g, None, None, {}) for _, _, eqs in grads for g, _ in eqs]
+            return out
+        entries, shapes = self._last
+        return [G.printable(g, rng, shapes, prm) for G, g, rng, prm in entries]
+
+
+def _fresh(name: str, used: set) -> str:
+    while name in used:
+        name += "_"
+    used.add(name)
+    return name
+
+
+def _rename(eq, amap: dict, pmap: dict):
+    """`eq` with arrays renamed by `amap` (also read as 0-d parameters) and parameters by
+    `pmap`."""
+    def slot(s):
+        if isinstance(s, Wrapped):
+            return replace(s, inner=slot(s.inner))
+        if isinstance(s, Gather) and s.array in amap:
+            return replace(s, array=amap[s.array])
+        return s
+
+    def access(a):
+        return Access(amap.get(a.array, a.array), tuple(slot(s) for s in a.indices), a.span)
+
+    def node(n):
+        if isinstance(n, Access):
+            return access(n)
+        if isinstance(n, Param):
+            new = pmap.get(n.name, amap.get(n.name))
+            return Param(new, n.span) if new else n
+        return n
+    return replace(eq, lhs=access(eq.lhs), rhs=map_expr(eq.rhs, node), text="")
+
+
+def _signature(arrays: dict) -> tuple:
+    return tuple(sorted(
+        (n, v.dtype.str, v.shape, v.strides) if isinstance(v, np.ndarray)
+        else (n, type(v).__name__, str(getattr(v, "dtype", ""))) for n, v in arrays.items()))
