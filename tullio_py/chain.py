@@ -12,7 +12,10 @@ bare on every left-hand side, the arrays they write read only at the row being w
 as one parallel loop over blocks of rows, each statement's own compiled function over the
 block in turn (vjp_rows.row_groups chooses them, as for gradient steps), so a block's rows are
 still in the cache when the next statement reads them.  The values are those of the statements
-run one by one, bit for bit, on any number of threads.  Statements that run through BLAS,
+run one by one, on any number of threads; bit for bit except in the last bits of sums the
+compiler may reorder (codegen/rows.py: a member compiled serially, not as its own parallel
+kernel), as a fused gradient nest may.  `fuse=False` runs every statement by its own kernel
+(forward and gradient: bit for bit).  Statements that run through BLAS,
 gather, read a 0-d temporary, or run on another target run on their own, as do all statements
 of a chain with a gather.  Decided once per call signature (the inputs' dtypes, shapes and
 strides).  Inside a `Tape`, and with dask or CUDA arrays, the statements run one by one
@@ -33,8 +36,12 @@ from .errors import ArgumentError, GradientError
 from .options import Options
 from .vjp_plan import Statement, Step, arrays_of, frozen_ranges, standin
 
-# Consecutive statements sharing a row index run as one pass over blocks of rows (forward).
+# Consecutive statements sharing a row index run as one pass over blocks of rows (forward),
+# each block's rows of the arrays they touch about BLOCK_BYTES: half a core's L2 cache here
+# (2 MB); softmax 4096x512 float32 on one thread: 2.0 ms against 2.3 ms with 256 kB blocks
+# and 2.4 ms as four kernels (statements one by one), the machine loaded by other work.
 ROWS = True
+BLOCK_BYTES = 1 << 20
 
 
 class Chain:
@@ -150,13 +157,14 @@ class Chain:
             eq = p.equation
             b = binding.bind(eq, kern.options, {n: values[n] for n in p.reads})
             values[eq.output] = standin(b.shape, b.dtype)
-            alone = (gathers or not ROWS or kern.blas_plan is not None
+            alone = (gathers or not ROWS or not self.options.fuse or kern.blas_plan is not None
                      or kern.shift_plan is not None or kern.target not in ("auto", "cpu")
                      or any(n in spec.defined for n in eq.params))
             statements.append(Statement(eq, p.text, eq.output, frozen_ranges(b.ranges)))
             steps.append(Step("blas" if alone else "loops", (k,)))
             fills.append((b.shape, b.dtype, b.fill))
-        steps = vjp_rows.row_groups(steps, statements, list(self.kernels), values, {}, True)
+        steps = vjp_rows.row_groups(steps, statements, list(self.kernels), values, {}, True,
+                                    BLOCK_BYTES)
         hit = self._plans[key] = (steps, tuple(statements), tuple(fills))
         return hit
 

@@ -32,8 +32,11 @@ from .gradient_kernel import learnable_scalars
 from .ir import Access, Gather, Param, Wrapped, map_expr
 from .vjp_plan import Array, Statement, VjpPlan, frozen_ranges, standin
 
-# Consecutive gradient steps sharing a row index run as one pass over blocks of rows.
+# Consecutive gradient steps sharing a row index run as one pass over blocks of rows of
+# about BLOCK_BYTES (chain.py says why that size): the softmax's vjp at 4096x512 float32 on
+# one thread took 1.9 ms grouped against 2.5 ms as its steps one by one.
 ROWS = True
+BLOCK_BYTES = 1 << 20
 
 
 class ChainGradient:
@@ -188,7 +191,8 @@ class ChainGradient:
             statements += mine
             kernels += ks
         if fuse and ROWS:
-            steps = list(vjp_rows.row_groups(steps, statements, kernels, values, params, True))
+            steps = list(vjp_rows.row_groups(steps, statements, kernels, values, params, True,
+                                             BLOCK_BYTES))
         p = VjpPlan(dn[chain.spec.result], (), tuple(params.items()), tuple(arrays_out.values()),
                     tuple(statements), tuple(steps))
         shapes = {n: tuple(np.shape(v)) for n, v in values.items()

@@ -57,7 +57,7 @@ class ChainSpec:
 
 def split(text: str) -> list[tuple[int, str]]:
     """(offset, text) of each statement: pieces between ';' and newlines outside brackets,
-    stripped, empty ones dropped."""
+    stripped, empty ones dropped; a newline inside brackets becomes a space."""
     out, depth, start = [], 0, 0
     for k, ch in enumerate(text + ";"):
         if ch in _OPEN:
@@ -65,7 +65,7 @@ def split(text: str) -> list[tuple[int, str]]:
         elif ch in _CLOSE:
             depth = max(depth - 1, 0)
         elif ch in ";\n" and (depth == 0 or k == len(text)):
-            piece = text[start:k]
+            piece = text[start:k].replace("\r", " ").replace("\n", " ")
             if piece.strip():
                 lead = len(piece) - len(piece.lstrip())
                 out.append((start + lead, piece.strip()))

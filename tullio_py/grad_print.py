@@ -46,12 +46,28 @@ def drop_redundant(eq: Equation, shapes: dict, call_ranges: dict) -> Equation:
                 if isinstance(s, Wrapped):
                     pad_guards[Affine(s.inner.terms)] = (-s.inner.const,
                                                          shapes[f.array][d] - s.inner.const)
+    dropped = []
     for f in factors:
         m = mask_bounds(f)
         if m is not None and _implied(*m, call_ranges, pad_guards):
+            dropped.append(f)
             continue
         keep.append(f)
-    return replace(eq, rhs=rebuild(keep) if keep else Const(1))
+    if not keep:
+        return replace(eq, rhs=Const(1))
+    return replace(eq, rhs=_without(eq.rhs, {id(f) for f in dropped}))
+
+
+def _without(e, drop: set):
+    """Product `e` without the factors whose ids are in `drop`, the others multiplied in the
+    order and grouping they had: `a * (b * c)` rounds otherwise than `a * b * c`, and the
+    printed statement must round as the derived one (None when every factor is dropped)."""
+    if isinstance(e, Binary) and e.op == "*":
+        left, right = _without(e.left, drop), _without(e.right, drop)
+        if left is None or right is None:
+            return right if left is None else left
+        return e if (left is e.left and right is e.right) else Binary("*", left, right)
+    return None if id(e) in drop else e
 
 
 def mask_bounds(f):

@@ -5,7 +5,8 @@ codegen/rows.py's rule run as one loop over blocks of rows, each step's own func
 over the block in turn (the argmax helper `(min) m_arg[i] := ...` of `(max) m[i] := x[i,j]`
 and `dx[i,j] += dm[i] * where(j == m_arg[i], 1, 0)`: x's rows are read by the second while
 the first left them in the cache).  Each member runs the code it runs alone, so the values are
-those of the steps run one by one, bit for bit, on any number of threads.  Only with
+those of the steps run one by one, on any number of threads (bit for bit unless a member
+reorders sums: codegen/rows.py).  Only with
 `fuse=True` (the default): `fuse=False` keeps one kernel per statement.
 """
 from __future__ import annotations
@@ -38,11 +39,12 @@ def group(p: VjpPlan, kernel_for, values: dict, params: dict) -> VjpPlan:
 
 
 def row_groups(steps: list, statements, kernels: list, values: dict, params: dict,
-               fuse: bool) -> tuple[Step, ...]:
+               fuse: bool, block_bytes: int | None = None) -> tuple[Step, ...]:
     """Consecutive "loops" and "fused" steps that share a row index by codegen/rows.py's rule
     (the argmax helper `(min) m_arg[i] := ...` and `dx[i,j] += dm[i] * where(j == m_arg[i],
     1, 0)`) as one "rows" step (with `fuse`; each runs its own function, so the values are
-    those of the steps run one by one, bit for bit)."""
+    those of the steps run one by one, bit for bit); `block_bytes`: the bytes of a block's
+    rows (codegen/rows.py's BLOCK_BYTES by default)."""
     info = [_row_member(st, statements, kernels, values, params) if fuse else None
             for st in steps]
     out, k = [], 0
@@ -65,7 +67,7 @@ def row_groups(steps: list, statements, kernels: list, values: dict, params: dic
         per_row = sum(values[n].nbytes // max(len(rng), 1) for n in dict.fromkeys(
             a.array for m in info[k:end] for e in m[0] for a in (e.lhs, *e.accesses())
             if any(row in x.names for x in a.indices)) if isinstance(values.get(n), np.ndarray))
-        consts["_rows"] = rows_mod.block_rows(len(rng), per_row)
+        consts["_rows"] = rows_mod.block_rows(len(rng), per_row, block_bytes)
         members = tuple(j for st in steps[k:end] for j in st.members)
         out.append(Step("rows", members, rows=Rows(
             source, tuple(c for m in info[k:end] for c in m[3]),

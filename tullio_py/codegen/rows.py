@@ -30,8 +30,14 @@ sum `g[j] := e[i,j]` (its left-hand side lacks i: every block adds to all of g).
 
 Each statement runs the function its own kernel would run (`render`): the source rendered
 from its plan, compiled serial and called with the block's bounds for r.  Every element is
-computed by the same code in the same order as when the statement runs alone, so the results
-are equal bit for bit and do not depend on the number of threads.  Statements whose plan
+computed by the same code in the same order whatever the blocks and threads, so the results
+do not depend on the number of threads.  They equal the statements run one by one bit for
+bit, except where a member's code lets the compiler reorder a sum (fastmath flag `reassoc`,
+as the 8-lane reductions have): numba compiles the same text differently as a parallel
+kernel (its own, which numba's parfor pass outlines) and as a serial function (here), and a
+float32 row variance came out in other last bits (a member compiled parallel and nested in
+the block's task gives the same bits, but the group's function then cannot be cached on
+disk: 5-7 s of compiling in every new process).  Statements whose plan
 fixes r's bounds in the code (`Plan.fixed`), splits work into chunks with partial results,
 scatters, or reads a snapshot of its output are not grouped (the callers check).
 """
@@ -88,9 +94,10 @@ def _holds(r: str, members, eqs: list[Equation]) -> bool:
     return True
 
 
-def block_rows(rows: int, bytes_per_row: int) -> int:
-    """Rows per block: the group's rows of a block fill about BLOCK_BYTES (at least one)."""
-    return max(1, min(max(rows, 1), BLOCK_BYTES // max(bytes_per_row, 1)))
+def block_rows(rows: int, bytes_per_row: int, block_bytes: int | None = None) -> int:
+    """Rows per block: the group's rows of a block fill about `block_bytes` (BLOCK_BYTES by
+    default; at least one row)."""
+    return max(1, min(max(rows, 1), (block_bytes or BLOCK_BYTES) // max(bytes_per_row, 1)))
 
 
 def render(sources: list[Source], row: str) -> tuple[Source, list[list[tuple[str, str]]]]:
