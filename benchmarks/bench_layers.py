@@ -5,8 +5,8 @@
 Competitors: tullio_py's torch frontend, torch, and jax.jit (XLA, when jax is installed) for the
 layers XLA has an op for.  Workloads: conv1d, conv2d (NCHW and NHWC), depthwise conv1d, causal attention (B8 T128 H8
 D64; against einsum + masked softmax and against scaled_dot_product_attention), layer norm
-4096x512 in three statements, LocallyConnected2d (batch 16, 8->16, 32x32, 3x3; against unfold
-+ einsum), 2x2 max-pool, embedding-bag (sum), softmax.  Each forward (no grad) and forward +
+4096x512 (a chain of three statements), LocallyConnected2d (batch 16, 8->16, 32x32, 3x3; against unfold
++ einsum), 2x2 max-pool, embedding-bag (sum), softmax (a chain of four statements).  Each forward (no grad) and forward +
 backward (torch autograd; tullio_py's backward is its vjp).
 
 Each thread count runs in a fresh subprocess with OPENBLAS/OMP/NUMBA threads and
@@ -91,16 +91,14 @@ def workloads(torch, quick: bool):
                                                                 is_causal=True),
          "tullio_py": att_tullio})
 
-    # --- layer norm in three statements
+    # --- layer norm: a chain of three statements (one kernel; rows of x in blocks)
     n_feat = 512
-    ln_mu = kernel("mu[i] := x[i,j] * inv_n")
-    ln_var = kernel("var[i] := (x[i,j] - mu[i])**2 * inv_n")
-    ln_y = kernel("y[i,j] := (x[i,j] - mu[i]) / sqrt(var[i] + eps) * g[j] + bb[j]")
+    ln = kernel("""mu[i] := x[i,j] * inv_n
+                   var[i] := (x[i,j] - mu[i])**2 * inv_n
+                   y[i,j] := (x[i,j] - mu[i]) / sqrt(var[i] + eps) * g[j] + bb[j]""")
 
     def ln_tullio(a):
-        mu = ln_mu(x=a["x"], inv_n=1.0 / n_feat)
-        var = ln_var(x=a["x"], mu=mu, inv_n=1.0 / n_feat)
-        return ln_y(x=a["x"], mu=mu, var=var, eps=1e-5, g=a["g"], bb=a["b"])
+        return ln(x=a["x"], inv_n=1.0 / n_feat, eps=1e-5, g=a["g"], bb=a["b"])
     W["layer_norm"] = (lambda: {"x": rand(4096, n_feat), "g": rand(n_feat), "b": rand(n_feat)},
                        {"torch": lambda a: F.layer_norm(a["x"], (n_feat,), a["g"], a["b"]),
                         "tullio_py": ln_tullio})
@@ -139,15 +137,15 @@ def workloads(torch, quick: bool):
                           {"torch": lambda a: F.embedding_bag(Jt, a["E"], mode="sum"),
                            "tullio_py": lambda a: eb(E=a["E"], J=Jt)})
 
-    # --- softmax over the last axis
-    sm_m = kernel("(max) m[i] := x[i,j]")
-    sm_e = kernel("e[i,j] := exp(x[i,j] - m[i])")
-    sm_z = kernel("z[i] := e[i,j]")
-    sm_y = kernel("y[i,j] := e[i,j] / z[i]")
+    # --- softmax over the last axis: a chain of four statements; any m gives the same
+    # softmax, so the gradient holds it constant (nograd)
+    sm = kernel("""(max) m[i] := x[i,j]
+                   e[i,j] := exp(x[i,j] - m[i])
+                   z[i] := e[i,j]
+                   y[i,j] := e[i,j] / z[i]""", nograd=("m",))
 
     def sm_tullio(a):
-        e = sm_e(x=a["x"], m=sm_m(x=a["x"]).detach())
-        return sm_y(e=e, z=sm_z(e=e))
+        return sm(x=a["x"])
     W["softmax"] = (lambda: {"x": rand(4096, 512)},
                     {"torch": lambda a: torch.softmax(a["x"], -1), "tullio_py": sm_tullio})
     _add_jax(W, n_feat, (B, H, T, D), scale)
