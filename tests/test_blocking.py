@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from plan_variant import run_variant  # noqa: E402
 from reference import evaluate  # noqa: E402
 
-from tullio_py import codegen, jit, kernel, schedule  # noqa: E402
+from tullio_py import codegen, jit, kernel, schedule, vjp_run  # noqa: E402
 from tullio_py.codegen import blocked  # noqa: E402, F401  (the renderer under test)
 from tullio_py.parse import parse  # noqa: E402
 from tullio_py.rewrite import lower  # noqa: E402
@@ -270,9 +270,28 @@ def test_gradient_relaid_blocked_equals_numpy_and_plain(expr, strided, monkeypat
         want["dx"] = (("dout", (0, 1, 2, 3)),)
     assert relaid == want, relaid
     assert [s.kind for s in plan.steps] == ["loops", "loops"]
-    # the layer's dW statement writes every element of dW once, summing b in registers: it
-    # runs as '=' into an unzeroed array (vjp_plan.unzeroed)
-    assert [(a.name, a.written) for a in plan.arrays] == [("dx", False), ("dW", expr == LAYER)]
+    # dW's statement writes each element of dW at most once, summing b in registers: it runs
+    # as '=' into an unfilled array (vjp_written.unzeroed; NaN below); the local
+    # convolution's as its gather (dW[p,q,i,j,c1,c2] = dout[p-i,q-j,b,c2] * x[p,q,c1,b] *
+    # masks), W's elements no (s, t, i, j) reads (p < i, p - i >= 5, q < j, q - j >= 4)
+    # zeroed alone
+    assert [(a.name, a.written) for a in plan.arrays] == [("dx", False), ("dW", True)]
+    dW_plan = plan.arrays[1]
+    if expr == LOCAL:
+        never = np.ones(W.shape, bool)
+        for i in range(3):
+            for j in range(3):
+                never[i:i + 5, j:j + 4, i, j] = False
+        boxed = np.zeros(W.shape, bool)
+        for box in dW_plan.zero:
+            boxed[tuple(slice(lo, hi) for lo, hi in box)] = True
+        assert (boxed == never).all()
+        assert [n for n, _ in plan.statements[1].consts] == ["_lo_s", "_hi_s", "_lo_t", "_hi_t"]
+    else:
+        assert dW_plan.zero == ()
+    monkeypatch.setattr(vjp_run.Host, "empty", staticmethod(lambda shape, dtype: np.full(
+        shape, np.nan, dtype)))
+    got = Gradient(k).vjp(cot, x=x, W=W)
     again = Gradient(k)
     again.vjp(cot, x=x, W=W)
     assert again.last_plan == plan                  # the choice is a function of the call

@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import bind as binding, blas, grad as grad_mod, schedule
+from . import bind as binding, blas, grad as grad_mod, schedule, vjp_written
 from .codegen import Source, fused, range_argument
-from .ir import Access, Affine, Compare, Equation, Gather, IndexValue, Wrapped, map_expr, walk
+from .ir import Access, Affine, Equation, IndexValue, map_expr, walk
 
 Pairs = tuple       # ((name, value), ...): a dict as frozen, ordered data
 Ranges = tuple      # ((index, start, stop, step), ...): ranges as data (range objects compare
@@ -53,8 +53,10 @@ class Array:
     shape: tuple[int, ...]
     dtype: np.dtype
     input: str | None = None        # the input whose gradient it holds
-    written: bool = False           # its one statement writes every element (`=`): the run
-                                    # may allocate it without zeroing (`overwrites`)
+    written: bool = False           # its one statement writes each element at most once
+                                    # (`=`): the run allocates it unzeroed (vjp_written.py)
+    zero: tuple = ()                # ... and zeroes these boxes ((start, stop) per dimension),
+                                    # the elements that statement never writes
     spread: tuple = ()              # (full shape, dims): a gradient constant along `dims`,
                                     # held without them and returned as a zero-stride view
                                     # of the full shape (`spread_dims`)
@@ -68,6 +70,8 @@ class Statement:
     ranges: Ranges                  # the forward's index ranges (a bare left index clipped)
     relayout: Pairs = ()            # ((array, axes), ...): `equation` reads a copy of each
                                     # array with its axes in that order (`relaid`)
+    consts: Pairs = ()              # ((parameter, value), ...) `equation` reads besides the
+                                    # call's (vjp_written.gather_form's mask bounds)
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ def plan(d, rng: dict, params: dict, values: dict, cot_shape, cot_dtype, inputs:
         if fuse:        # (fuse=False: each statement's own kernel, as printed)
             statements = statements[:len(d.helpers)] + [
                 relaid(s, kernel_for, values, params) for s in statements[len(d.helpers):]]
-        arrays, statements = unzeroed(arrays, statements, kernel_for, values, params)
+        arrays, statements = vjp_written.unzeroed(arrays, statements, kernel_for, values,
+                                                  params, arrays_of)
         steps = choose(statements, len(d.helpers), [kernel_for(s.equation) for s in statements],
                        values, params, fuse)
     statements = tuple(statements)
@@ -243,32 +248,11 @@ def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
     return moved
 
 
-def unzeroed(arrays: list, statements: list, kernel_for, values: dict,
-             params: dict) -> tuple[list, list]:
-    """Gradient arrays whose one statement writes every element run it as `=` into an
-    unzeroed array (Array.written): the statement writes each element once (`overwrites`; a
-    relaid statement runs alone, so it may also sum over reduction indices: each element's
-    whole sum is formed before it is stored, as LocallyConnected2d's dW[c1,i,j,c2,s,t], 4 MB
-    neither zeroed nor read back), or its kernel hands it whole to BLAS (`whole_blas`)."""
-    arrays, statements = list(arrays), list(statements)
-    for k, s in enumerate(statements):
-        j = next((j for j, a in enumerate(arrays) if a.name == s.output), None)
-        if j is None or arrays[j].input is None or \
-                sum(x.output == s.output for x in statements) != 1:
-            continue
-        g, rng = s.equation, as_ranges(s.ranges)
-        if overwrites(g, rng, arrays[j].shape, reductions=bool(s.relayout)) or (
-                not s.relayout and whole_blas(g, rng, kernel_for, values, params)):
-            arrays[j] = replace(arrays[j], written=True)
-            statements[k] = replace(s, equation=replace(g, assign="="))
-    return arrays, statements
-
-
 def arrays_of(s: Statement, ns: dict, params: dict, run: bool = False) -> dict:
     """The arrays and scalars statement `s` reads (`pick`), each array it reads relaid
     (Statement.relayout) as a C-contiguous copy with its axes in that order (`run`: a real
     copy; else a stand-in, for planning)."""
-    out = pick(s.equation, ns, params)
+    out = pick(s.equation, {**ns, **dict(s.consts)} if s.consts else ns, params)
     for n, axes in s.relayout:
         v = out[n]
         out[n] = (np.ascontiguousarray(np.transpose(v, axes)) if run
@@ -290,27 +274,6 @@ def gradient_arrays(d, rng: dict, inputs: dict, cot_dtype, complex_mode: bool) -
         out.append((name, names[name], shape, gradient_dtype(xdt, cot_dtype, complex_mode),
                     [(g, clip_bare(g, rng, shape)) for g in eqs]))
     return out
-
-
-def overwrites(g: Equation, rng: dict, shape, reductions: bool = False) -> bool:
-    """Whether gradient statement `g`, alone on its array, writes each element exactly once
-    (`dx[i,j] += dy[i,j] * g[j] / s[i]`: every index bare on the left, no reduction, no mask,
-    pad, clamp, mod or gather, the ranges the whole array): then `dx[i,j] = ...` into an
-    unzeroed array gives the same values without zeroing dx and reading it back (the layer
-    norm's and softmax's dx at 4096x512 float32: 8 MB less written and read each).
-    `reductions`: a reduction index is allowed too, for a statement that runs alone (in a
-    fused nest, '=' would store each partial sum)."""
-    lhs = g.lhs.indices
-    if (g.assign != "+=" or g.reducer != "+" or g.finaliser or len(lhs) != len(shape)
-            or not all(isinstance(x, Affine) and x.is_bare for x in lhs)):
-        return False
-    names = [x.names[0] for x in lhs]
-    if len(set(names)) != len(names) or (set(names) != set(g.indices) and not reductions):
-        return False
-    if any(isinstance(x, (Wrapped, Gather)) for a in g.accesses() for x in a.indices) \
-            or any(isinstance(f, Compare) for f in schedule.top_factors(g.rhs)):
-        return False
-    return all(rng[n] == range(0, m) for n, m in zip(names, shape))
 
 
 def spread_dims(eqs: list, shape) -> tuple[int, ...]:
@@ -350,18 +313,6 @@ def spread(a: Array, v):
     view = np.expand_dims(v, dims)
     return np.lib.stride_tricks.as_strided(view, full, tuple(
         0 if d in dims else st for d, st in enumerate(view.strides)))
-
-
-def whole_blas(g: Equation, rng: dict, kernel_for, values: dict, params: dict) -> bool:
-    """Whether gradient statement `g`, alone on its array, is a contraction its kernel hands
-    to BLAS over whole arrays (blas.py): BLAS writes every element, so `=` into an unzeroed
-    array gives the same values (attention's dq, dk, dp, dv: gemms with beta 0 instead of
-    zero-filling 2-4 MB each and adding to it)."""
-    c = kernel_for(g).blas_plan
-    if g.assign != "+=" or c is None:
-        return False
-    arrays = pick(g, values, params)
-    return blas.worth(c, rng, arrays) and blas.covers(g, rng, arrays, values[g.output].shape)
 
 
 def standin(shape, dtype) -> np.ndarray:

@@ -36,12 +36,21 @@ class Host:
     compiled function; what each statement ran is written to `record` (statement text ->
     run_with_ranges' result, or ("fused" or "rows", source))."""
 
+    empty = staticmethod(np.empty)      # an unfilled array (tests fill it with NaN)
+
     def __init__(self, kernels, ranges, params: dict, record: dict, fused_function, threads):
         self.kernels, self.ranges, self.params, self.record = kernels, ranges, params, record
         self.fused_function, self.threads = fused_function, threads
 
     def zeros(self, a) -> np.ndarray:
-        return np.empty(a.shape, a.dtype) if a.written else np.zeros(a.shape, a.dtype)
+        """Zero-filled; unfilled for an array written with `=` (vjp_written.py), but for the
+        boxes of elements its statement never writes."""
+        if not a.written:
+            return np.zeros(a.shape, a.dtype)
+        out = self.empty(a.shape, a.dtype)
+        for box in a.zero:
+            out[tuple(slice(lo, hi) for lo, hi in box)] = 0
+        return out
 
     def launch(self, plan: VjpPlan, step, ns: dict):
         params = self.params
