@@ -247,3 +247,25 @@ def test_fused_gradients_match_one_by_one(expr, shapes, expect_fused):
     if ":=" in expr:            # (an in-place forward would accumulate over the FD calls)
         fd = finite_difference(k, arrays, "x", cot)
         assert np.abs(g["x"] - fd).max() <= 1e-6 * max(np.abs(fd).max(), 1e-12)
+
+
+def test_a_left_side_writing_each_element_once_runs_as_a_scatter():
+    """rewrite.injective: `dx[b, 2h+i] += ...` with i of at most 2 values (pooling's gradient,
+    stride >= window) writes each element once; its loops run over (b, h, i) as written, not
+    solved for i over every element of dx.  Three values of i overlap: the same kernel then
+    runs solved (a decision per call signature, never a stale one).  Both against numpy, and
+    max-pooling's vjp (which runs such a statement) against finite differences."""
+    k = kernel("dx[b, 2h+i] += dy[b, h] * w[i]", threads=False)
+    dy = rand(3, 5)
+    for n, solved in [(2, False), (3, True), (2, False), (1, False)]:
+        w, dx = rand(n), rand(3, 11)
+        want = dx.copy()
+        for h in range(5):
+            want[:, 2 * h:2 * h + n] += dy[:, h:h + 1] * w
+        k(dx=dx, dy=dy, w=w)
+        np.testing.assert_allclose(dx, want, rtol=1e-12)
+        assert (k.last.solved is not None) == solved
+    pool = kernel("(max) y[b,h,v] := x[b,2h+i,2v+j]", ranges={"i": 2, "j": 2})
+    x, cot = rand(2, 6, 4), rand(2, 3, 2)
+    got = pool.vjp(cot, x=x)["x"]
+    np.testing.assert_allclose(got, finite_difference(pool, {"x": x}, "x", cot), atol=1e-6)

@@ -234,7 +234,10 @@ class Kernel:
         if self._lowered is None:       # the statement's rewrite, once per kernel
             self._lowered = rewrite.lower(eq)
             self._lowered_text = str(self._lowered.equation)
-        low = rewrite.lower(eq, rng, out_shape, static=self._lowered)
+        low, text = rewrite.lower(eq, rng, out_shape, static=self._lowered), self._lowered_text
+        if low.solved is not None and rewrite.injective(eq, rng):
+            low = rewrite.unsolved(eq, rng)         # writes each element once: as a scatter
+            text = str(low.equation)
         work_eq, call_ranges = low.equation, low.ranges
         parallel = schedule.threading(work_eq, call_ranges, self.threads, jit.max_threads())
         target = "cpu" if self.target == "auto" else self.target
@@ -250,7 +253,7 @@ class Kernel:
                              layouts=layouts, sizes=sizes, vector_bytes=jit.vector_bytes())
         plan = dtypes.with_dtypes(plan, arrays)
         # Every choice of the plan that changes the code (block depends on the sizes).
-        key = CompileKey.of(self._lowered_text, dtype, target, parallel,
+        key = CompileKey.of(text, dtype, target, parallel,
                             (plan.loops, plan.fixed, plan.form, plan.block, plan.jam,
                              bool(plan.jam) and plan.jam_rest, plan.chunked, plan.partial,
                              plan.collapse, plan.lanes, plan.pack)
