@@ -143,3 +143,31 @@ def test_torch_gemm_falls_back_where_torch_cannot_view():
     got = KERNELS["attention_scores"](q=q, k=kk, scale=0.5)
     np.testing.assert_allclose(got.numpy(), 0.5 * np.einsum("bhid,bhjd->bhij", q.numpy(), kk),
                                rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (2, 3)])
+def test_torch_gemm_into_column_major_outputs(batch):
+    """torch_gemm into an output whose columns are contiguous (each matrix transposed in
+    memory, as a conv1d's output y[b,o,i] is for a product over (i, o)) computes out^T =
+    b^T a^T into rows; stored (beta 0) and added (beta 1), with a batch of operands broadcast
+    (length 1) or not, equal to numpy's matmul."""
+    pytest.importorskip("torch")
+    from tullio_py.frontends.torch import torch_copy, torch_gemm
+    a = R.standard_normal(batch + (7, 5))
+    b = R.standard_normal(tuple(1 for _ in batch) + (5, 9))
+    mem = R.standard_normal(batch + (9, 7))
+    out = mem.swapaxes(-1, -2)                     # (..., 7, 9), column-major
+    start = out.copy()
+    assert torch_gemm(a, b, out, 0.5, 1)
+    np.testing.assert_allclose(out, start + 0.5 * (a @ b), rtol=1e-12, atol=1e-12)
+    assert torch_gemm(a, b, out, 1.0, 0)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+    # torch_copy: an overlapping (im2col) view copied, and what it leaves to numpy
+    x = R.standard_normal(40)
+    col = np.lib.stride_tricks.as_strided(x, (36, 5), (8, 8))
+    dst = np.empty((36, 5))
+    assert torch_copy(dst, col)
+    np.testing.assert_array_equal(dst, col)
+    assert not torch_copy(dst, col[::-1])                        # a negative stride
+    assert not torch_copy(dst.astype(np.float32), col)           # mixed dtypes
+    assert not torch_copy(dst[:, :3], dst[:, 1:4])               # overlapping memory

@@ -47,7 +47,8 @@ def _gemm(name):
     """The frontend's gemm the steps go to (blas.gemm_provider), a no-op for numpy's own."""
     if name == "numpy":
         return contextlib.nullcontext()
-    return blas.gemm_provider(pytest.importorskip("tullio_py.frontends.torch").torch_gemm)
+    frontend = pytest.importorskip("tullio_py.frontends.torch")
+    return blas.gemm_provider(frontend.torch_gemm, frontend.torch_copy)
 
 
 def _setup(k, loops, shapes, out_shape, layout):
@@ -66,16 +67,20 @@ def _setup(k, loops, shapes, out_shape, layout):
     return arrays, eq, start, want, out, rng
 
 
-@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch")])
+@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch"),
+                                          (3, "torch")])
 @pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_candidate_matches_the_loops(case, layout, threads, gemm):
     """... and on 3 threads, the steps of the first looped index shared between them; and
-    with torch's gemm as the frontend's (storing, and adding in place into the output)."""
+    with torch's gemm and copy as the frontend's (storing, and adding in place into the
+    output; the steps in order on this thread whatever the group count), the arrangements
+    chosen for torch's pool of that many threads."""
     _, shapes, out_shape = CASES[case]
     k, loops = KERNELS[case]
     arrays, eq, start, want, out, rng = _setup(k, loops, shapes, out_shape, layout)
-    plans = blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype)
+    plans = blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype,
+                                  threads if gemm == "torch" else 0)
     assert len(plans) > 3
     looped = {p.loop for p in plans}
     assert any(n not in k._shift.shifts for S in looped for n in S), "no looped batch index"
@@ -162,7 +167,8 @@ PAD_KERNELS = {name: (Kernel(expr, threads=1), kernel(expr, blas=False))
                for name, (expr, _, _) in PAD_CASES.items()}
 
 
-@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch")])
+@pytest.mark.parametrize("threads,gemm", [(1, "numpy"), (3, "numpy"), (1, "torch"),
+                                          (3, "torch")])
 @pytest.mark.parametrize("layout", ["contiguous", "noncontiguous"])
 @pytest.mark.parametrize("case", list(PAD_CASES))
 def test_padded_reads_match_the_loops(case, layout, threads, gemm):
@@ -178,8 +184,8 @@ def test_padded_reads_match_the_loops(case, layout, threads, gemm):
     fixed, parts = blas_shift_pad.sub_ranges(sh.slots, [arrays[a.array].shape
                                                         for a in sh.reads], rng)
     assert fixed and len(parts) > 1
-    subs = [blas_shift.candidates(sh.inner, arrays, r, out.shape, out.strides, out.dtype)
-            for r in parts]
+    subs = [blas_shift.candidates(sh.inner, arrays, r, out.shape, out.strides, out.dtype,
+                                  threads if gemm == "torch" else 0) for r in parts]
     assert len({len(c) for c in subs}) == 1 and len(subs[0]) > 1
     for c in range(len(subs[0])):
         got = np.zeros_like(out) if start is None else start.copy()

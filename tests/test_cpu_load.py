@@ -111,3 +111,42 @@ def test_kernel_threads_follow_the_load(tmp_path, monkeypatch):
         assert [n for n in seen if n is not None] == [want], (running, seen)
     np.testing.assert_allclose(outs[1], A @ B, rtol=1e-12)
     assert np.array_equal(outs[1], outs[3]) and np.array_equal(outs[1], outs[2])
+
+
+def test_torchs_own_workers_are_not_counted(tmp_path, monkeypatch):
+    """Under the torch frontend torch's intra-op workers (torch.get_num_threads() - 1) spin
+    between its ops: with one runnable thread besides the caller on 2 CPUs a 2-thread kernel
+    called with torch tensors (2 torch threads) asks numba for 2 threads, called with numpy
+    arrays for 1; with two others, 1 either way.  Load.limit's `pool` alone: the same."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(schedule, "PARALLEL_WORK_THRESHOLD", 0)
+    f = tmp_path / "loadavg"
+    clock = Clock()
+    load = cpu_load.Load(str(f), interval=0.01, clock=clock, enabled=True, cpus=2)
+    f.write_text("1.0 1.0 1.0 2/100 5\n")
+    assert load.limit(2, 1) == 2 and load.limit(2) == 1
+    f.write_text("1.0 1.0 1.0 3/100 5\n")
+    clock.t += 1
+    assert load.limit(2, 1) == 1
+    if jit.max_threads() < 2:
+        pytest.skip("numba has one thread here")
+    monkeypatch.setattr(cpu_load, "machine", load)
+    rng = np.random.default_rng(1)
+    A, B = rng.standard_normal((30, 20)), rng.standard_normal((20, 25))
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False, threads=2)
+    seen, real, before = [], jit.set_threads, torch.get_num_threads()
+    monkeypatch.setattr(jit, "set_threads", lambda n: (seen.append(n), real(n))[1])
+    torch.set_num_threads(2)
+    try:
+        for running, tensors, want in ((2, True, 2), (2, False, 1), (3, True, 1)):
+            f.write_text(f"1.0 1.0 1.0 {running}/100 5\n")
+            clock.t += 1
+            seen.clear()
+            k._calls.entries.clear()        # the full call path, not a stored entry
+            args = {"A": torch.from_numpy(A), "B": torch.from_numpy(B)} if tensors else \
+                {"A": A, "B": B}
+            C = k(**args)
+            np.testing.assert_allclose(np.asarray(C), A @ B, rtol=1e-12)
+            assert [n for n in seen if n is not None] == [want], (running, tensors, seen)
+    finally:
+        torch.set_num_threads(before)

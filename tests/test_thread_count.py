@@ -112,3 +112,45 @@ def test_every_step_sees_one_gemm_thread():
         blas_shift.blas_threads.run([task(k) for k in range(6)], 3)
     assert seen and set(seen) == {1}, seen
     assert _openblas_threads() == before
+
+
+@pytest.mark.skipif(jit.max_threads() < 2, reason="one thread only: nothing to compare")
+def test_torch_runs_the_steps_on_its_own_pool(monkeypatch):
+    """Under the torch frontend, blas_shift's steps (a conv1d forward and both gradients) run
+    in order on the calling thread, their gemms and copies on torch's pool, whatever
+    torch.get_num_threads(): no Python worker threads beside torch's (blas_threads.run is
+    never called).  At one thread count the results repeat bit for bit; between counts
+    they agree to rounding (torch's BLAS may split a long sum, dW's, over its threads), and
+    with numpy's."""
+    torch = pytest.importorskip("torch")
+    from tullio_py.frontends import torch as frontend
+    expr, shapes, _ = CASES["conv1d"]
+    k = kernel(expr)
+    x, w = (R.standard_normal(shapes[n]) for n in ("x", "w"))
+    gemm, gemms = frontend.torch_gemm, []
+    monkeypatch.setattr(frontend, "torch_gemm", lambda *a: gemms.append(1) or gemm(*a))
+    monkeypatch.setattr(blas_shift.blas_threads, "run", None)       # a call would raise
+    # numpy's reference: x's windows (b, c, i, j)
+    xw = np.lib.stride_tricks.sliding_window_view(x, w.shape[2], axis=2)
+    want_y = np.einsum("bcij,ocj->boi", xw, w)
+    dy = np.linspace(-1, 1, want_y.size).reshape(want_y.shape)
+    want_dx = np.zeros_like(x)
+    for j in range(w.shape[2]):
+        want_dx[:, :, j:j + dy.shape[2]] += np.einsum("boi,oc->bci", dy, w[:, :, j])
+    want = (want_y, want_dx, np.einsum("boi,bcij->ocj", dy, xw))
+    before, got = torch.get_num_threads(), {}
+    try:
+        for threads in (2, 1, 2, 1):
+            torch.set_num_threads(threads)
+            xt, wt = (torch.tensor(a, requires_grad=True) for a in (x, w))
+            y = k(x=xt, w=wt)
+            y.backward(torch.from_numpy(dy))
+            got.setdefault(threads, []).append((y.detach(), xt.grad, wt.grad))
+    finally:
+        torch.set_num_threads(before)
+    assert gemms
+    for threads, (first, again) in got.items():
+        for a, b in zip(first, again):
+            assert torch.equal(a, b), threads
+        for a, b in zip(first, want):
+            np.testing.assert_allclose(a.numpy(), b, rtol=1e-10, atol=1e-10)

@@ -177,27 +177,30 @@ def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
 
 
 # ----------------------------------------------------------------------------- batched gemm
-gemms = threading.local()     # .f: the provider of the calls from this Python thread
+gemms = threading.local()     # .f, .copy: the provider of the calls from this Python thread
 
 
 class gemm_provider:
-    """`with gemm_provider(f):` batched matrix products of the contractions called from this
-    Python thread go first to `f(a, b, out, alpha, beta)`, which computes
+    """`with gemm_provider(f, copy):` batched matrix products of the contractions called from
+    this Python thread go first to `f(a, b, out, alpha, beta)`, which computes
     out = alpha * (a @ b) + beta * out for numpy arrays a (..., M, K), b (..., K, N) and a
     view out (..., M, N) (beta 0: out is overwritten) and returns True, or returns False to
-    leave the call to numpy."""
-    __slots__ = ("f", "old")
+    leave the call to numpy; blas_shift.py's operand copies (im2col) go first to
+    `copy(dst, src)` (dst[...] = src, same shapes and dtype; False: numpy copies).  A
+    provider runs them on the frontend's own thread pool (torch's): blas_shift.py then runs
+    its steps on the calling thread and starts no threads of its own."""
+    __slots__ = ("f", "copy", "old")
 
-    def __init__(self, f):
-        self.f = f
+    def __init__(self, f, copy=None):
+        self.f, self.copy = f, copy
 
     def __enter__(self):
-        self.old = getattr(gemms, "f", None)
-        gemms.f = self.f
+        self.old = (getattr(gemms, "f", None), getattr(gemms, "copy", None))
+        gemms.f, gemms.copy = self.f, self.copy
         return self
 
     def __exit__(self, *exc):
-        gemms.f = self.old
+        gemms.f, gemms.copy = self.old
 
 
 def _merge(x: np.ndarray, lead: int, first: int):

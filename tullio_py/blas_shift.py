@@ -20,6 +20,13 @@ each step's im2col copy then stays in the cache, and its steps are cut into grou
 as the machine's threads), shared by Python threads calling single-threaded gemms
 (blas_threads.py).  Neither plan nor groups depend on a call's `threads`, which so changes no
 bit of the result (a gemm rounds by its thread count; loops sum in another order than BLAS).
+Under a frontend's gemm on its own pool (torch's: blas.gemm_provider) the steps run in order on
+the calling thread, each gemm and im2col copy spread over that pool, and the cost model
+prices plans for it (one call per step for a whole batch of products, the result added in
+place, the work shared by the pool's threads): a conv1d's forward and input gradient become
+a loop over the shift index j of batched gemms over the batch.  There the result repeats bit
+for bit at one torch.get_num_threads(), and may change in the last bits with it (torch's BLAS
+splits a long sum, a weight gradient's, over its threads; the plan may change with it).
 An output dimension of several indices (`dx[b,c,i+j] += ...`) keeps all but one of them as
 axes of the matmul result, added into the output value by value (col2im).  Ranges need not
 cover the arrays (views are cut to them), so gradient statements run with the forward's
@@ -41,7 +48,7 @@ import numpy as np
 
 from . import blas_shift_cost as model
 from . import blas_threads
-from .blas import MIN_WORK, factors
+from .blas import MIN_WORK, factors, gemms
 from .blas_shift_cost import blasable as _blasable
 from .blas_shift_cost import chain as _chain
 from .blas_shift_cost import merges as _merges
@@ -80,13 +87,14 @@ class Shifted:
         loops' threads BLAS must beat: one count for all calls (never the call's own).
         `blocked()`: whether those loops are register-blocked (asked only when a plan is
         chosen; a fact of the same call signature, so the memo stays right)."""
-        key = CallSignature.of(arrays, rng, dtype, out_shape, (loop_threads, tuple(out_strides)),
-                               self.read_names)
+        pooled = pooled_gemm()
+        key = CallSignature.of(arrays, rng, dtype, out_shape,
+                               (loop_threads, tuple(out_strides), pooled), self.read_names)
         try:
             return self.plans[key]
         except KeyError:
             p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype,
-                                          loop_threads, blocked)
+                                          loop_threads, blocked, pooled)
             return p
 
     def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1, blocked=None,
@@ -218,15 +226,24 @@ def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
                  tuple(S.index(n) for n in labels if n in S), span)
 
 
+def pooled_gemm() -> bool:
+    """Whether the steps go to a frontend's gemm on its own pool (blas.gemm_provider), one
+    after another on the calling thread (blas_shift_run.run), rather than to Python threads."""
+    return getattr(gemms, "f", None) is not None
+
+
 def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_threads=1,
-            blocked=None):
+            blocked=None, pooled=False):
     """The cheapest plan over every valid S and operand arrangement, or None.  LOOP_RATE is
     one thread's: loops on n threads run about n times faster (bench_suite: the local
     convolution's loops 2.0x on 2 threads), which the comparison must count, or a statement
     whose loops scale well is sent to many small gemms that do not.  Register-blocked loops
-    (`blocked()`) run at BLOCKED_RATE instead."""
-    plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype)
-    threaded = loop_threads > 1 and blas_threads.available()
+    (`blocked()`) run at BLOCKED_RATE instead.  `pooled`: the steps run in order on the
+    frontend's pool (pooled_gemm), which spreads every plan's gemms alike: none is cheaper
+    for sharing its steps between threads."""
+    plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype,
+                       max(1, loop_threads) if pooled else 0)
+    threaded = loop_threads > 1 and blas_threads.available() and not pooled
     best = min(plans, key=lambda p: p.cost / (min(loop_threads, p.steps[0])
                                               if threaded and p.split else 1), default=None)
     if best is None:
@@ -244,9 +261,10 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     return best
 
 
-def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype) -> list:
+def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, pool=0) -> list:
     """For each valid S, its cheapest arrangement (empty when the call does not qualify);
-    benchmarks/blas_shift_costs.py --validate times them all against the model's choice."""
+    benchmarks/blas_shift_costs.py --validate times them all against the model's choice.
+    `pool`: the threads of the frontend's pool the steps run on (pooled_gemm), else 0."""
     eq = sh.eq
     arrs = [arrays[a.array] for a in sh.reads]
     if dtype.kind not in "fc" or any(a.dtype.kind not in "fc" for a in arrs):
@@ -281,7 +299,8 @@ def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype) -> list:
                 # dimension of the output
                 disjoint = not scat and all(any(s.names == (n,) for s in eq.lhs.indices)
                                             for n in S)
-                p = _arrange(S, views, vo, rng, dtype.itemsize, disjoint and overwrite, scat)
+                p = _arrange(S, views, vo, rng, dtype.itemsize, disjoint and overwrite, scat,
+                             pool)
                 plans.append(replace(p, split=_split(eq, S, out_shape, out_strides, dtype)))
     return plans
 
@@ -299,7 +318,7 @@ def _split(eq: Equation, S, out_shape, out_strides, dtype) -> int:
     return 2 if small and contiguous and not named else 0
 
 
-def _arrange(S, views, vo, rng, itemsize, write=False, scat=()) -> Plan:
+def _arrange(S, views, vo, rng, itemsize, write=False, scat=(), pool=0) -> Plan:
     """The cheapest matmul arrangement for one S: which read is on the left, which of each
     read's free indices merge into the matrix dimension (the rest become broadcast batch
     axes), and the order of the contracted indices.  `write`: each step stores its result
@@ -324,7 +343,7 @@ def _arrange(S, views, vo, rng, itemsize, write=False, scat=()) -> Plan:
                 for nb in _merges(free[right], size, strides[right]):
                     c = model.cost(S, labels, left, list(kk), ma, nb, batch, free, lo, size,
                                    strides, itemsize, write, spans,
-                                   _prod(size[x] for x in scat))
+                                   _prod(size[x] for x in scat), pool)
                     if best is None or c < best[0]:
                         best = (c, left, list(kk), ma, nb)
     cost, left, kk, ma, nb = best

@@ -44,6 +44,10 @@ BLOCKED_RATE = 3.8e10
 # BLAS must beat the loops by this factor: measured times of many small gemms run above the
 # model's (a depthwise conv, gemms of 1x5x8192, modelled 1.5 ms, took 7 ms).
 MARGIN = 2.0
+# A step through a frontend's gemm and copy on its own pool (blas.gemm_provider: torch's),
+# per call: torch_gemm on 4x4 matrices 10 us (2-d) to 18 us (batched), torch_copy 5 us, against
+# numpy's 0.7 and 0.3 us (2 threads, load 1.5).  One call takes a whole batch of products.
+T_POOL = 1.2e-5
 
 
 def prod(xs):
@@ -83,13 +87,17 @@ def merges(free, size, stride):
 
 
 def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
-         write=False, spans=None, adds=1) -> float:
+         write=False, spans=None, adds=1, pool=0) -> float:
     """Seconds the model gives one arrangement; `write`: each step's result may be stored
     into the output (no two steps write the same element) rather than added to it; `spans`:
     elements of each read one step touches (fewer than its view's when axes overlap);
-    `adds`: np.add calls that take one step's result into the output (col2im)."""
+    `adds`: np.add calls that take one step's result into the output (col2im); `pool`: the
+    threads of a frontend's pool the gemms and copies run on (0: numpy's), which calls a
+    step's batch of gemms at once (T_POOL per call), spreads its work over its threads and
+    adds the result into the output in place where the output's view is a matmul result."""
     right = 1 - left
     moved = 0.0
+    calls_made = 1
     for i, mine, first in ((left, ma, True), (right, nb, False)):
         st = strides[i]
         inner = (mine + kk) if first else (kk + mine)
@@ -100,12 +108,16 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
             groups = (mine, kk) if first else (kk, mine)
             moved += copy_time(labels[i], groups, size, st, itemsize,
                                spans[i] if spans else None)
+            calls_made += 1
     ga = [n for n in free[left] if n not in ma]
     gb = [n for n in free[right] if n not in nb]
     res = batch + ga + gb + ma + nb
     so = strides[2]
     direct = write and chain(ma, size, so) and chain(nb, size, so) and blasable(
         ma, nb, so, itemsize)
+    if pool:    # the pool's gemm also adds in place into the output
+        direct = adds == 1 and chain(ma, size, so) and chain(nb, size, so) and blasable(
+            ma, nb, so, itemsize)
     if not direct:
         nbytes = prod(size[x] for x in res) * itemsize
         moved += (2 if write else 3) * copy_bytes(lo, res, size, so, itemsize) / (
@@ -113,6 +125,9 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
     m, n, k = (prod(size[x] for x in g) for g in (ma, nb, kk))
     calls = prod(size[x] for x in batch + ga + gb)
     gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
+    if pool:
+        return prod(size[x] for x in S) * (adds * T_STEP + calls_made * T_POOL
+                                           + (calls * (T_CALL + gemm) + moved) / pool)
     return prod(size[x] for x in S) * (adds * T_STEP + calls * (T_CALL + gemm) + moved)
 
 

@@ -3,8 +3,17 @@ matmul over strided views of the arrays (after an im2col copy where the plan mer
 stored or added into the output (col2im: value by value of the scattered indices); the
 first looped index's steps cut into groups (as many as the machine's threads, whatever a
 call's own), which Python threads share (blas_threads.py) where the plan allows.
-The products go to the frontend's gemm where it supplies one (blas.gemm_provider: torch's
-BLAS, which also adds into the output in place) when one thread runs the steps."""
+
+Where the frontend supplies its own gemm (blas.gemm_provider: torch's BLAS on torch's
+intra-op pool, which also adds into the output in place, and torch's copy for the im2col
+copies) the steps run in order on the calling thread, all added into the one output as on
+one thread, whatever the group count: each product and copy is spread over the frontend's
+pool.  Python threads with single-threaded gemms next to that pool would run beside its
+workers, which stay runnable (spinning) between its ops: on 2 cores right after a torch
+op, a conv1d forward took 4.9-5.2 ms on 2 Python threads against 2.1 ms on an idle
+machine.  The result then does not depend on the group count; torch's gemm may round by
+its own thread count (its BLAS splits the products), which so may change the last bits.
+"""
 from __future__ import annotations
 
 from itertools import product
@@ -28,7 +37,10 @@ def step_groups(p, groups: int) -> int:
 
 
 def step_threads(p, groups: int, threads: int | None = None) -> int:
-    """Threads sharing p's step groups when the call may use `threads` (default: all)."""
+    """Python threads sharing p's step groups when the call may use `threads` (default:
+    all); one under a frontend's gemm (blas.gemm_provider), whose own pool shares the work."""
+    if getattr(gemms, "f", None) is not None:
+        return 1
     n = step_groups(p, groups)
     return n if threads is None else max(1, min(n, threads))
 
@@ -42,7 +54,9 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
     into its own output elements (split 1) or its own zeroed copy of the output, added in
     group order after (split 2); `threads` (default: one per group) share the groups, so
     they change no bit of the result.  Callers pass one reference count as `groups` for
-    every call (frontends/numpy.shift_groups), whatever the call's threads."""
+    every call (frontends/numpy.shift_groups), whatever the call's threads.  Under a
+    frontend's gemm (blas.gemm_provider) every step runs in order on this thread into `out`
+    (no groups), each product and copy on the frontend's pool."""
     eq = sh.eq
     a0, a1 = (arrays[a.array] for a in sh.reads)
     # (writeable where the array is: a frontend's gemm may want writeable views; never written)
@@ -56,11 +70,13 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
     if eq.assign == "-=":
         scale = -scale
     g = step_groups(p, groups)
-    if g < 2:
-        # the frontend's gemm where it has one (blas.gemm_provider: torch's BLAS and threads);
-        # groups of steps keep numpy's, made single-threaded per thread
-        gemm = getattr(gemms, "f", None)
-        _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write, gemm)
+    gemm = getattr(gemms, "f", None)
+    if g < 2 or gemm is not None:
+        # the frontend's gemm and copy where it has them (blas.gemm_provider: torch's, on its
+        # own pool), every step on this thread; groups of steps keep numpy's, made
+        # single-threaded per thread
+        _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write, gemm,
+               getattr(gemms, "copy", None) if gemm is not None else None)
         return out
     cut = [p.steps[0] * k // g for k in range(g + 1)]
     parts = [out] + ([np.zeros_like(out) for _ in range(g - 1)] if p.split == 2 else [])
@@ -76,9 +92,9 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
     return out
 
 
-def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None):
+def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy=None):
     """The steps whose first looped index is in [lo, hi) (all steps when nothing is looped);
-    `gemm`: a frontend's gemm (blas.gemm_provider) the products go to first."""
+    `gemm`, `copy`: a frontend's (blas.gemm_provider) the products and copies go to first."""
     subs = [v.sub for v in p.views]
     bufs = [None, None]     # an operand's merged (im2col) copy, reused by every step
     ranges = [range(lo, hi)] + [range(n) for n in p.steps[1:]] if p.loop else []
@@ -96,10 +112,11 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None):
                 except ValueError:              # the merge copies: into a buffer kept
                     bufs[i] = np.empty(x.shape, x.dtype)
             if bufs[i] is not None:
-                np.copyto(bufs[i], x)
+                if copy is None or not copy(bufs[i], x):
+                    np.copyto(bufs[i], x)
                 x = bufs[i].reshape(shape)
             elif contig:
-                x = np.ascontiguousarray(x)
+                x = _contiguous(copy, x)
             if flip:
                 x = x.swapaxes(-1, -2)
             xs.append(x * scale if scale != 1 and i == p.small else x)
@@ -133,6 +150,15 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None):
             except ValueError:                      # the output's layout is no matmul result
                 pass
         np.add(t, _matmul(gemm, a, b).reshape(p.res_shape), out=t, casting="unsafe")
+
+
+def _contiguous(copy, x):
+    """x in C order: a copy (through the frontend's copy when there is one and it takes it),
+    or x itself where it already is."""
+    if copy is None or x.flags.c_contiguous:
+        return np.ascontiguousarray(x)
+    c = np.empty(x.shape, x.dtype)
+    return c if copy(c, x) else np.ascontiguousarray(x)
 
 
 def _matmul(gemm, a, b):

@@ -340,19 +340,22 @@ def threading_layer() -> str:
 
 
 class thread_budget:
-    """`with thread_budget(n):` parallel kernels called from this Python thread use at most n
-    threads (None: no limit beyond the kernel's `threads` option)."""
-    __slots__ = ("n", "old")
+    """`with thread_budget(n, pool):` parallel kernels called from this Python thread use at
+    most n threads (None: no limit beyond the kernel's `threads` option); `pool`: workers of
+    the caller's own thread pool (torch's intra-op threads besides the calling one), which
+    stay runnable (spinning) for a while after each of its ops: the load-aware thread count
+    (cpu_load.py) does not count them as other threads."""
+    __slots__ = ("n", "pool", "old")
 
-    def __init__(self, n: int | None):
-        self.n = n
+    def __init__(self, n: int | None, pool: int = 0):
+        self.n, self.pool = n, pool
 
     def __enter__(self):
-        self.old = getattr(budgets, "n", None)
-        budgets.n = self.n
+        self.old = (getattr(budgets, "n", None), getattr(budgets, "pool", 0))
+        budgets.n, budgets.pool = self.n, self.pool
 
     def __exit__(self, *exc):
-        budgets.n = self.old
+        budgets.n, budgets.pool = self.old
 
 
 def call(fn, args, parallel: bool, n: int | None):
@@ -367,7 +370,8 @@ def call(fn, args, parallel: bool, n: int | None):
     budget = getattr(budgets, "n", None)
     if budget is not None:
         n = min(n or budget, budget)
-    m = cpu_load.machine.limit(n or _max)   # fewer while other threads wait for the CPUs
+    # fewer while other threads wait for the CPUs (the caller's own pool's not counted)
+    m = cpu_load.machine.limit(n or _max, getattr(budgets, "pool", 0))
     n = m if m < (n or _max) else n
     lock = _lock
     if lock is not None:

@@ -155,7 +155,8 @@ def to_torch(a, dtype: torch.dtype) -> torch.Tensor:
 def torch_threads(f):
     """Run f with torch's intra-op thread count (torch.get_num_threads()) as the thread budget
     of the kernels it calls: torch and the kernels share one budget of threads.  Batched
-    matrix products of contractions (blas.py) run on torch's BLAS meanwhile (torch_gemm)."""
+    matrix products of contractions (blas.py, blas_shift.py) and blas_shift.py's copies run
+    on torch's BLAS and thread pool meanwhile (torch_gemm, torch_copy)."""
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
         if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
@@ -163,7 +164,7 @@ def torch_threads(f):
         n = torch.get_num_threads()
         if getattr(jit.budgets, "n", None) == n and getattr(blas.gemms, "f", None) is torch_gemm:
             return f(*args, **kwargs)               # inside a function that set both
-        with jit.thread_budget(n), blas.gemm_provider(torch_gemm):
+        with jit.thread_budget(n, n - 1), blas.gemm_provider(torch_gemm, torch_copy):
             return f(*args, **kwargs)
     return wrapped
 
@@ -180,6 +181,10 @@ def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bo
             return False
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
         return False
+    if out.strides[-1] != out.itemsize and out.strides[-2] == out.itemsize and out.shape[-1] > 1:
+        # a column-major output: out^T = b^T a^T, so the gemm writes rows (torch's batched
+        # gemm into a transposed output ran up to 100x slower)
+        a, b, out = b.swapaxes(-1, -2), a.swapaxes(-1, -2), out.swapaxes(-1, -2)
     ta, tb, to = torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(out)
     if to.ndim == 2:
         torch.addmm(to, ta, tb, beta=beta, alpha=alpha, out=to)
@@ -199,6 +204,21 @@ def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bo
         torch.matmul(ta, tb, out=to)
         if alpha != 1:
             to.mul_(alpha)
+    return True
+
+
+def torch_copy(dst: np.ndarray, src: np.ndarray) -> bool:
+    """dst[...] = src on torch's thread pool (blas.gemm_provider): numpy copies an im2col
+    view (overlapping axes, short inner runs) on one thread, element run by element run;
+    torch's copy spreads it over its threads.  False (numpy copies) for arrays torch cannot
+    view."""
+    for x in (dst, src):
+        if (x.dtype != dst.dtype or x.dtype.kind not in "fc" or not x.dtype.isnative
+                or not x.flags.writeable or any(s < 0 or s % x.itemsize for s in x.strides)):
+            return False
+    if dst.shape != src.shape or np.may_share_memory(dst, src):
+        return False
+    torch.from_numpy(dst).copy_(torch.from_numpy(src))
     return True
 
 
