@@ -48,6 +48,13 @@ MARGIN = 2.0
 # per call: torch_gemm on 4x4 matrices 10 us (2-d) to 18 us (batched), torch_copy 5 us, against
 # numpy's 0.7 and 0.3 us (2 threads, load 1.5).  One call takes a whole batch of products.
 T_POOL = 1.2e-5
+# ... and on several threads each call is a parallel region whose threads all must get a
+# CPU: on this shared 2-core machine one region of torch's pool took ~20 us idle, 10 ms at
+# load 5 (32 torch.addmm calls of 64x64x256: 380 ms), and the plans of many calls ran 10-40x
+# slower than those of a few (conv1d, load 5-7: the forward and gradients 1470 ms against
+# 71 ms, torch's own 118 ms); an expected wait per region keeps the calls few (a plan of a
+# few batched gemms against one im2col and gemm: both kept, 32 steps of small ones not).
+T_REGION = 1e-4
 
 
 def prod(xs):
@@ -126,7 +133,8 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
     calls = prod(size[x] for x in batch + ga + gb)
     gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
     if pool:
-        return prod(size[x] for x in S) * (adds * T_STEP + calls_made * T_POOL
+        per_call = T_POOL + (T_REGION if pool > 1 else 0)
+        return prod(size[x] for x in S) * (adds * T_STEP + calls_made * per_call
                                            + (calls * (T_CALL + gemm) + moved) / pool)
     return prod(size[x] for x in S) * (adds * T_STEP + calls * (T_CALL + gemm) + moved)
 

@@ -341,10 +341,8 @@ def threading_layer() -> str:
 
 class thread_budget:
     """`with thread_budget(n, pool):` parallel kernels called from this Python thread use at
-    most n threads (None: no limit beyond the kernel's `threads` option); `pool`: workers of
-    the caller's own thread pool (torch's intra-op threads besides the calling one), which
-    stay runnable (spinning) for a while after each of its ops: the load-aware thread count
-    (cpu_load.py) does not count them as other threads."""
+    most n threads (None: no limit beyond the kernel's `threads` option); `pool` workers of
+    the caller's own pool (torch's) are not counted as other threads (cpu_load.py)."""
     __slots__ = ("n", "pool", "old")
 
     def __init__(self, n: int | None, pool: int = 0):
@@ -370,8 +368,7 @@ def call(fn, args, parallel: bool, n: int | None):
     budget = getattr(budgets, "n", None)
     if budget is not None:
         n = min(n or budget, budget)
-    # fewer while other threads wait for the CPUs (the caller's own pool's not counted)
-    m = cpu_load.machine.limit(n or _max, getattr(budgets, "pool", 0))
+    m = cpu_load.machine.limit(n or _max, getattr(budgets, "pool", 0))   # fewer under load
     n = m if m < (n or _max) else n
     lock = _lock
     if lock is not None:
