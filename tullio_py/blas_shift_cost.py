@@ -54,7 +54,7 @@ T_POOL = 1.2e-5
 # slower than those of a few (conv1d, load 5-7: the forward and gradients 1470 ms against
 # 71 ms, torch's own 118 ms); an expected wait per region keeps the calls few (a plan of a
 # few batched gemms against one im2col and gemm: both kept, 32 steps of small ones not).
-T_REGION = 1e-4
+T_REGION = 3e-4
 
 
 def prod(xs):
