@@ -158,7 +158,7 @@ def test_gradient_row_groups_against_steps_one_by_one(monkeypatch):
 
 def run_printed(k, arrays, dy):
     """The printed gradient statements run one by one with tullio() into zeroed arrays."""
-    ns = k.run(dict(arrays))
+    ns = k.run(**arrays)
     names = k.gradient_names
     ns[names[k.result]] = dy
     for n, d in names.items():

@@ -11,6 +11,14 @@ from .version import __version__
 from . import cache as _cache, memo as _memo
 
 
+def __getattr__(name):
+    """`Chain` (chain.py), imported on first use: `import tullio_py` stays light."""
+    if name == "Chain":
+        from .chain import Chain
+        return Chain
+    raise AttributeError(f"module 'tullio_py' has no attribute {name!r}")
+
+
 def clear_cache() -> None:
     """Empty every cache tullio_py keeps: in memory (kernels, derivations, compiled functions,
     plans and remembered calls, see memo.py) and on disk (cache.py).  Arrays and Kernel objects
@@ -19,6 +27,6 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-__all__ = ["Tape", "tullio", "kernel", "Kernel", "TullioError", "ParseError", "RangeError",
+__all__ = ["Tape", "tullio", "kernel", "Kernel", "Chain", "TullioError", "ParseError", "RangeError",
            "GradientError", "ArgumentError", "LoweringError", "SummationWarning", "OverwriteWarning",
            "clear_cache"]

@@ -87,7 +87,7 @@ class Chain:
             self.check_inputs(arrays)
             from .frontends import torch_chain
             return torch_chain.call(self, arrays)
-        return self.run(arrays)[self.spec.result]
+        return self.forward(arrays)[self.spec.result]
 
     def check_inputs(self, arrays: dict) -> None:
         spec = self.spec
@@ -108,8 +108,12 @@ class Chain:
                                 f"{', '.join(missing)}", p.text, binding.find(p.text, missing[0]),
                                 f"pass {missing[0]}=... as a keyword")
 
-    def run(self, arrays: dict) -> dict:
+    def run(self, /, **arrays) -> dict:
         """Every array of the chain by name: the inputs, the temporaries and the result."""
+        return self.forward(arrays)
+
+    def forward(self, arrays: dict) -> dict:
+        """`run` with the arrays in a dict (the frontends call it)."""
         self.check_inputs(arrays)
         ns = dict(arrays)
         host = all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values())
@@ -184,7 +188,7 @@ class Chain:
             raise GradientError("gradients are switched off for this kernel (grad=False)",
                                 self.text, None, "create the kernel without grad=False")
         self.check_inputs(arrays)
-        ns = self.run(arrays)
+        ns = self.forward(arrays)
         return self._grad.vjp(ns, np.asarray(cotangent), arrays)
 
     @property

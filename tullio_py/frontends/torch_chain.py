@@ -31,7 +31,7 @@ def call(chain, arrays: dict):
     names = tuple(tensors)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
         return ChainFunction.apply(chain, names, others, *tensors.values())
-    return _result(chain, chain.run({**others, **{n: to_numpy(t) for n, t in tensors.items()}}),
+    return _result(chain, chain.forward({**others, **{n: to_numpy(t) for n, t in tensors.items()}}),
                    tensors.values())
 
 
@@ -49,7 +49,7 @@ class ChainFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, chain, names, others, *tensors):
         arrays = {**others, **{n: to_numpy(t) for n, t in zip(names, tensors)}}
-        ns = chain.run(arrays)
+        ns = chain.forward(arrays)
         out = _result(chain, ns, tensors)
         ctx.chain, ctx.names, ctx.arrays, ctx.ns = chain, names, arrays, ns
         ctx.dtypes = tuple(t.dtype for t in tensors)
