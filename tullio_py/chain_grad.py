@@ -12,7 +12,8 @@ and helper parameters are renamed where two statements would share one.
 All of it is one vjp_plan.VjpPlan, run by vjp_run.py like a statement's own: each statement's
 gradient statements are chosen as its Kernel's vjp chooses them (BLAS, one fused nest, loops),
 the first statement writing an array that it covers element by element writes it with `=`
-into an unzeroed array (vjp_plan.overwrites: nothing added before), and consecutive steps that
+into an unzeroed array (vjp_plan.overwrites: nothing added before; not with `fuse=False`,
+which runs exactly the printed statements, each by its own kernel), and consecutive steps that
 share a row index run as one pass over blocks of rows (vjp_rows.row_groups: the softmax's
 `dz`, `de` and `dx` statements, each block's rows still in the cache for the next).
 
@@ -172,9 +173,10 @@ class ChainGradient:
                     entries.append((G, g, rng, prm))
                     mine.append(Statement(g, str(g), name, frozen_ranges(grng)))
             # the first statement writing an array it covers element by element: '=' into
-            # an unzeroed array (the only one of this statement's writing it)
+            # an unzeroed array (the only one of this statement's writing it); fuse=False
+            # runs the printed statements as they are
             for j, s in enumerate(mine):
-                if j < len(helpers) or s.output in written:
+                if j < len(helpers) or s.output in written or not fuse:
                     continue
                 alone = sum(t.output == s.output for t in mine) == 1
                 a = arrays_out[s.output]
