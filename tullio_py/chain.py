@@ -188,6 +188,9 @@ class Chain:
             raise GradientError("gradients are switched off for this kernel (grad=False)",
                                 self.text, None, "create the kernel without grad=False")
         self.check_inputs(arrays)
+        if not all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values()):
+            raise ArgumentError("Chain.vjp takes numpy arrays and scalars (torch tensors get "
+                                "their gradients through torch autograd)", self.text, None)
         ns = self.forward(arrays)
         return self._grad.vjp(ns, np.asarray(cotangent), arrays)
 
