@@ -100,6 +100,17 @@ def test_scalar_temporary_and_its_gradient():
     np.testing.assert_allclose(got, num, rtol=1e-6)
 
 
+def test_gather_through_a_temporary():
+    """An index array the chain computes: its statements run one by one (the values decide
+    the ranges); the gradient scatters back through the gather."""
+    x, J = np.arange(6.0), np.array([5, 0, 2, 5])
+    k = kernel("K[n] := J[n] + 0; y[n] := x[K[n]] * x[K[n]]")
+    assert np.array_equal(k(x=x, J=J), x[J] ** 2) and k.last_groups == ((0,), (1,))
+    want = np.zeros(6)
+    np.add.at(want, J, 2 * x[J] * np.arange(1.0, 5.0))
+    assert np.array_equal(k.vjp(np.arange(1.0, 5.0), x=x, J=J)["x"], want)
+
+
 # ----------------------------------------------------------------------------- gradients
 def directional(f, arrays, name, dy, v, h=1e-6):
     """d/dt sum(f(arrays with name + t v) * dy) at 0, by central differences."""

@@ -54,6 +54,8 @@ class Chain:
         self.spec = chain_text.parse_chain(text, options.given)
         chain_text.check_nograd(self.spec, options.nograd)
         self.kernels = tuple(self.statement_kernel(k) for k in range(len(self.spec.parts)))
+        # gathers: the index values decide shapes and ranges (no plan per signature)
+        self.gathers = any(p.equation.gathers() for p in self.spec.parts)
         self._plans = memo.Memo("chain.plans", 32)        # call signature -> forward steps
         self._rows = memo.Memo("chain.rows", 32)          # compile key -> row-group function
         self._grad = chain_grad.ChainGradient(self)
@@ -117,8 +119,8 @@ class Chain:
         self.check_inputs(arrays)
         ns = dict(arrays)
         host = all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values())
-        if not host or _tape.current() is not None:
-            self.last_groups = None
+        if not host or self.gathers or _tape.current() is not None:
+            self.last_groups = tuple((k,) for k in range(len(self.spec.parts)))
             return self.one_by_one(ns)
         steps, statements, fills = self.plan(ns)
         threads = schedule.thread_count(self.options.threads, jit.max_threads())
@@ -155,13 +157,13 @@ class Chain:
         if hit is not None:
             return hit
         values = _scalars(dict(arrays), self.spec.scalars)
-        spec, gathers = self.spec, any(p.equation.gathers() for p in self.spec.parts)
+        spec = self.spec
         statements, steps, fills = [], [], []
         for k, (p, kern) in enumerate(zip(spec.parts, self.kernels)):
             eq = p.equation
             b = binding.bind(eq, kern.options, {n: values[n] for n in p.reads})
             values[eq.output] = standin(b.shape, b.dtype)
-            alone = (gathers or not ROWS or not self.options.fuse or kern.blas_plan is not None
+            alone = (not ROWS or not self.options.fuse or kern.blas_plan is not None
                      or kern.shift_plan is not None or kern.target not in ("auto", "cpu")
                      or any(n in spec.defined for n in eq.params))
             statements.append(Statement(eq, p.text, eq.output, frozen_ranges(b.ranges)))
