@@ -12,7 +12,7 @@ and helper parameters are renamed where two statements would share one.
 All of it is one vjp_plan.VjpPlan, run by vjp_run.py like a statement's own: each statement's
 gradient statements are chosen as its Kernel's vjp chooses them (BLAS, one fused nest, loops),
 the first statement writing an array that it covers element by element writes it with `=`
-into an unzeroed array (vjp_plan.overwrites: nothing added before; not with `fuse=False`,
+into an unzeroed array (vjp_written.overwrites: nothing added before; not with `fuse=False`,
 which runs exactly the printed statements, each by its own kernel), and consecutive steps that
 share a row index run as one pass over blocks of rows (vjp_rows.row_groups: the softmax's
 `dz`, `de` and `dx` statements, each block's rows still in the cache for the next).
@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import bind as binding, jit, memo, vjp_plan, vjp_rows, vjp_run
+from . import bind as binding, jit, memo, vjp_plan, vjp_rows, vjp_run, vjp_written
 from .gradient_kernel import learnable_scalars
 from .ir import Access, Gather, Param, Wrapped, map_expr
 from .vjp_plan import Array, Statement, VjpPlan, frozen_ranges, standin
@@ -180,9 +180,10 @@ class ChainGradient:
                     continue
                 alone = sum(t.output == s.output for t in mine) == 1
                 a = arrays_out[s.output]
-                if alone and vjp_plan.overwrites(s.equation, vjp_plan.as_ranges(s.ranges), a.shape):
+                zero = vjp_written.overwrites(s.equation, vjp_plan.as_ranges(s.ranges), a.shape)
+                if alone and zero is not None and all(x.is_bare for x in s.equation.lhs.indices):
                     mine[j] = replace(s, equation=replace(s.equation, assign="="))
-                    arrays_out[s.output] = replace(a, written=True)
+                    arrays_out[s.output] = replace(a, written=True, zero=zero)
             written |= {s.output for s in mine[len(helpers):]}
             if fuse:
                 mine = mine[:len(helpers)] + [vjp_plan.relaid(s, G.kernel_for, values, params)
