@@ -151,6 +151,25 @@ def test_shifted_accumulate_blocked_equals_reference_and_plain(expr, threads):
                                atol=1e-12)
 
 
+LANE_SHIFT = kernel("y[o,p] := x[c,p+j] * w[o,c,j]", blas=False)
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_lane_shifted_read_is_unsigned_and_equals_numpy_and_plain(strided):
+    """A read at p+j, p in the vector lanes (x of a 1D convolution, NCW): its position is
+    passed as an unsigned integer (codegen/expr.py: no per-lane wraparound, so a vector load
+    rather than a gather), the values those of numpy and of the unblocked plan."""
+    x, w = rnd(3, 80 if strided else 40), rnd(5, 3, 3, seed=1)      # p 38: 16 + 16 + 6
+    if strided:
+        x = x[:, ::2]
+    got, plan, plain = _run(LANE_SHIFT, dict(x=x, w=w))
+    assert plan.jam and plan.jam[0] == "o", plan
+    assert "_np.uint64(p_+j_)" in codegen.render(plan).text
+    want = sum(np.einsum("cp,oc->op", x[:, j:j + 38], w[:, :, j]) for j in range(3))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, plain, rtol=1e-12, atol=1e-12)
+
+
 def test_finaliser_applied_once_per_element():
     A, B = rnd(9, 14), rnd(14, 23, seed=1)
     got, plan, plain = _run(KERNELS[NORM, True], dict(A=A, B=B))

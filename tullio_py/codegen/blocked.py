@@ -59,6 +59,8 @@ def render_jam(nest):
         s: (f"{h[0]}_{f}",) + h[1:] for s, h in table.items() if h[1] >= kj}})
         for f in range(factor)]
     plain = Expr(plan, x.target, outer)
+    for e in (x, plain, *per_f):
+        e.lane_indices = frozenset({r})
     lhs = x.plain_access(eq.lhs)
 
     def loads(level):
