@@ -149,8 +149,9 @@ def test_torch_gemm_falls_back_where_torch_cannot_view():
 def test_torch_gemm_into_column_major_outputs(batch):
     """torch_gemm into an output whose columns are contiguous (each matrix transposed in
     memory, as a conv1d's output y[b,o,i] is for a product over (i, o)) computes out^T =
-    b^T a^T into rows; stored (beta 0) and added (beta 1), with a batch of operands broadcast
-    (length 1) or not, equal to numpy's matmul."""
+    b^T a^T into rows, and into matrices with padded rows through a new block; stored (beta
+    0) and added (beta 1), with a batch of operands broadcast (length 1) or not, equal to
+    numpy's matmul."""
     pytest.importorskip("torch")
     from tullio_py.frontends.torch import torch_copy, torch_gemm
     a = R.standard_normal(batch + (7, 5))
@@ -162,6 +163,13 @@ def test_torch_gemm_into_column_major_outputs(batch):
     np.testing.assert_allclose(out, start + 0.5 * (a @ b), rtol=1e-12, atol=1e-12)
     assert torch_gemm(a, b, out, 1.0, 0)
     np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+    # matrices with padded rows (not one block of memory): stored and added, scaled
+    padded = R.standard_normal(batch + (7, 12))[..., 1:10]
+    start = padded.copy()
+    assert torch_gemm(a, b, padded, -2.0, 1)
+    np.testing.assert_allclose(padded, start - 2.0 * (a @ b), rtol=1e-12, atol=1e-12)
+    assert torch_gemm(a, b, padded, 0.5, 0)
+    np.testing.assert_allclose(padded, 0.5 * (a @ b), rtol=1e-12, atol=1e-12)
     # torch_copy: an overlapping (im2col) view copied, and what it leaves to numpy
     x = R.standard_normal(40)
     col = np.lib.stride_tricks.as_strided(x, (36, 5), (8, 8))

@@ -154,3 +154,29 @@ def test_torch_runs_the_steps_on_its_own_pool(monkeypatch):
             assert torch.equal(a, b), threads
         for a, b in zip(first, want):
             np.testing.assert_allclose(a.numpy(), b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.skipif(not blas_shift.blas_threads.available() or _openblas_threads() in (None, 1),
+                    reason="no OpenBLAS with several threads to set")
+def test_numpys_blas_runs_on_one_thread_under_torch(monkeypatch):
+    """What the torch frontend still leaves to numpy's BLAS (an einsum of three operands)
+    runs with OpenBLAS on the calling thread alone while torch has several threads (its
+    workers and OpenBLAS's would spin against each other), on OpenBLAS's own count
+    otherwise; the result is numpy's, and the count is restored after the call."""
+    torch = pytest.importorskip("torch")
+    k = kernel("y[i,l] := A[i,j] * B[j,k] * C[k,l]")
+    A, B, C = (R.standard_normal((40, 40)) for _ in range(3))
+    seen, einsum = [], np.einsum
+    monkeypatch.setattr(np, "einsum", lambda *a, **kw: (seen.append(_openblas_threads()),
+                                                         einsum(*a, **kw))[1])
+    before, outside = torch.get_num_threads(), _openblas_threads()
+    try:
+        for threads, want in ((2, 1), (1, outside)):
+            torch.set_num_threads(threads)
+            seen.clear()
+            y = k(A=torch.from_numpy(A), B=torch.from_numpy(B), C=torch.from_numpy(C))
+            np.testing.assert_allclose(y.numpy(), A @ B @ C, rtol=1e-10, atol=1e-10)
+            assert seen == [want], (threads, seen)
+    finally:
+        torch.set_num_threads(before)
+    assert _openblas_threads() == outside

@@ -55,6 +55,7 @@ T_POOL = 1.2e-5
 # 71 ms, torch's own 118 ms); an expected wait per region keeps the calls few (a plan of a
 # few batched gemms against one im2col and gemm: both kept, 32 steps of small ones not).
 T_REGION = 3e-4
+GRAIN = 32768       # elements below which torch's elementwise ops run on the calling thread
 
 
 def prod(xs):
@@ -104,7 +105,7 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
     adds the result into the output in place where the output's view is a matmul result."""
     right = 1 - left
     moved = 0.0
-    calls_made = 1
+    calls_made, regions = 1, 1
     for i, mine, first in ((left, ma, True), (right, nb, False)):
         st = strides[i]
         inner = (mine + kk) if first else (kk + mine)
@@ -116,27 +117,37 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
             moved += copy_time(labels[i], groups, size, st, itemsize,
                                spans[i] if spans else None)
             calls_made += 1
+            # (torch copies fewer than GRAIN elements on the calling thread)
+            regions += prod(size[x] for x in labels[i]) >= GRAIN
     ga = [n for n in free[left] if n not in ma]
     gb = [n for n in free[right] if n not in nb]
     res = batch + ga + gb + ma + nb
     so = strides[2]
     direct = write and chain(ma, size, so) and chain(nb, size, so) and blasable(
         ma, nb, so, itemsize)
-    if pool:    # the pool's gemm also adds in place into the output
-        direct = adds == 1 and chain(ma, size, so) and chain(nb, size, so) and blasable(
-            ma, nb, so, itemsize)
+    if pool:    # the pool's gemm also adds in place into an output of one block (else it
+        # adds a new block's product: one more pass and region, frontends/torch.torch_gemm)
+        gg = batch + ga + gb
+        gemm_ok = adds == 1 and chain(ma, size, so) and chain(nb, size, so) and \
+            blasable(ma, nb, so, itemsize)
+        direct = gemm_ok and (chain(gg + ma + nb, size, so) or chain(gg + nb + ma, size, so))
+        if gemm_ok and not direct:
+            moved += 3 * copy_bytes(lo, res, size, so, itemsize) / BW
+            regions += 1
+            direct = True
+    alone = 0.0         # numpy's passes on the calling thread alone (the pool's own share)
     if not direct:
         nbytes = prod(size[x] for x in res) * itemsize
-        moved += (2 if write else 3) * copy_bytes(lo, res, size, so, itemsize) / (
+        alone = (2 if write else 3) * copy_bytes(lo, res, size, so, itemsize) / (
             BW_CACHE if nbytes <= CACHE else BW)
     m, n, k = (prod(size[x] for x in g) for g in (ma, nb, kk))
     calls = prod(size[x] for x in batch + ga + gb)
     gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
     if pool:
-        per_call = T_POOL + (T_REGION if pool > 1 else 0)
-        return prod(size[x] for x in S) * (adds * T_STEP + calls_made * per_call
+        waits = regions * T_REGION if pool > 1 else 0
+        return prod(size[x] for x in S) * (adds * T_STEP + calls_made * T_POOL + waits + alone
                                            + (calls * (T_CALL + gemm) + moved) / pool)
-    return prod(size[x] for x in S) * (adds * T_STEP + calls * (T_CALL + gemm) + moved)
+    return prod(size[x] for x in S) * (adds * T_STEP + calls * (T_CALL + gemm) + moved + alone)
 
 
 def copy_time(labels, groups, size, stride, itemsize, span=None) -> float:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad as _forward_ad
 
-from .. import blas, jit, memo
+from .. import blas, blas_threads, jit, memo
 from ..errors import ArgumentError, GradientError
 from ..ir import walk
 from . import vjp as vjp_mod
@@ -156,7 +156,9 @@ def torch_threads(f):
     """Run f with torch's intra-op thread count (torch.get_num_threads()) as the thread budget
     of the kernels it calls: torch and the kernels share one budget of threads.  Batched
     matrix products of contractions (blas.py, blas_shift.py) and blas_shift.py's copies run
-    on torch's BLAS and thread pool meanwhile (torch_gemm, torch_copy)."""
+    on torch's BLAS and thread pool meanwhile (torch_gemm, torch_copy), and what still goes
+    to numpy's BLAS (einsum of three operands, views torch cannot take) runs on the calling
+    thread alone: OpenBLAS's workers would spin beside torch's."""
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
         if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
@@ -165,6 +167,8 @@ def torch_threads(f):
         if getattr(jit.budgets, "n", None) == n and getattr(blas.gemms, "f", None) is torch_gemm:
             return f(*args, **kwargs)               # inside a function that set both
         with jit.thread_budget(n, n - 1), blas.gemm_provider(torch_gemm, torch_copy):
+            if n > 1 and blas_threads.available():      # numpy's BLAS on this thread only
+                return blas_threads.single(functools.partial(f, *args, **kwargs))
             return f(*args, **kwargs)
     return wrapped
 
@@ -194,16 +198,19 @@ def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bo
         o3 = to.view(-1, m, n)
     except RuntimeError:            # batch axes that do not merge without a copy
         o3 = None
-    if o3 is not None:
+    if o3 is not None and o3.is_contiguous():
         batch = to.shape[:-2]       # operands' batch axes of length 1 are broadcast
         torch.baddbmm(o3, ta.expand(*batch, m, k).reshape(-1, m, k),
                       tb.expand(*batch, k, n).reshape(-1, k, n), beta=beta, alpha=alpha, out=o3)
-    elif beta:
-        to.add_(torch.matmul(ta, tb), alpha=alpha)
+        return True
+    # matrices that are not one block of memory (padded rows, a slice of the batch): torch's
+    # batched gemm into them ran one gemm per matrix, a parallel region each (32 of them:
+    # 0.4 ms idle, 500 ms at load 8), so the product goes to a new block and is added
+    r = torch.matmul(ta, tb)
+    if beta:
+        to.add_(r, alpha=alpha)
     else:
-        torch.matmul(ta, tb, out=to)
-        if alpha != 1:
-            to.mul_(alpha)
+        to.copy_(r if alpha == 1 else r.mul_(alpha))
     return True
 
 
