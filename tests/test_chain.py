@@ -278,3 +278,12 @@ def test_bad_arguments():
         kernel(SM, ranges={"q": 3})
     with pytest.raises(ParseError, match="one statement per call"):    # a single statement
         kernel("y[i] := x[i];")
+
+
+def test_a_chain_answers_the_kernel_attributes():
+    """Code that walks the kernel cache reads `threads` and `target` of whatever it holds."""
+    for opts in ({}, {"threads": 1}):
+        k = kernel("m[i] := x[i,j]; y[i,j] := x[i,j] - m[i]", **opts)
+        one = kernel("m[i] := x[i,j]", **opts)
+        assert (k.threads, k.target) == (one.threads, one.target)
+    assert kernel("m[i] := x[i,j]; y[i,j] := x[i,j] - m[i]", threads=1).threads == 1

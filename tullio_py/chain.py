@@ -63,6 +63,15 @@ class Chain:
 
     # ------------------------------------------------------------------ the statements
     @property
+    def threads(self):
+        """The thread option every statement runs with (as Kernel.threads)."""
+        return self.options.threads
+
+    @property
+    def target(self) -> str:
+        return self.options.target
+
+    @property
     def statements(self) -> tuple[str, ...]:
         return tuple(p.text for p in self.spec.parts)
 
