@@ -168,7 +168,9 @@ class ChainGradient:
             for x, dt, eqs in grads:
                 name = dn[x]
                 shape, dtype = values[name].shape, values[name].dtype
-                arrays_out[name] = Array(name, shape, dtype, x)
+                a = arrays_out.get(name)
+                arrays_out[name] = (Array(name, shape, dtype, x) if a is None
+                                    else replace(a, dtype=dtype))
                 for g, grng in eqs:
                     entries.append((G, g, rng, prm))
                     mine.append(Statement(g, str(g), name, frozen_ranges(grng)))

@@ -30,6 +30,7 @@ _current = _tape.current        # the innermost Tape (read without a module attr
 
 OPTIONS = OPTION_NAMES
 _KERNELS = memo.Memo("kernel.kernels", 1024)
+_CHAINS = memo.Memo("kernel.chains", 256)      # kernel() of texts of several statements
 
 
 @dataclass(frozen=True)
@@ -360,13 +361,15 @@ def kernel(expr: str | Equation, /, **options) -> Kernel:
         key = (expr_key, None if opts == _DEFAULT else opts, type(opts.threads))
     else:
         opts, key = _DEFAULT, (expr_key, None, bool)
+    if chain_text.is_chain(expr):           # several statements (chain.py)
+        k = _CHAINS.get(key)
+        if k is None:
+            from .chain import Chain
+            k = _CHAINS[key] = Chain(expr, opts)
+        return k
     k = _KERNELS.get(key)
     if k is None:
-        if chain_text.is_chain(expr):       # several statements (chain.py)
-            from .chain import Chain
-            k = _KERNELS[key] = Chain(expr, opts)
-        else:
-            k = _KERNELS[key] = Kernel(expr, opts)
+        k = _KERNELS[key] = Kernel(expr, opts)
     return k
 
 
