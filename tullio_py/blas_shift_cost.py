@@ -54,7 +54,10 @@ T_POOL = 1.2e-5
 # slower than those of a few (conv1d, load 5-7: the forward and gradients 1470 ms against
 # 71 ms, torch's own 118 ms); an expected wait per region keeps the calls few (a plan of a
 # few batched gemms against one im2col and gemm: both kept, 32 steps of small ones not).
-T_REGION = 3e-4
+# On the idle machine (load 1), bench_layers' conv1d / conv2d NCHW / NHWC forward+backward at
+# 2 threads, two runs each: 3e-4: 9.4-9.2 / 18.2-19.5 / 17.4-20.4 ms; 1e-4: 7.3-8.2 /
+# 17.9-18.5 / 16.5-17.1 ms; 0: 8.0-8.1 / 15.2-15.9 / 16.1-16.5 ms: the middle value.
+T_REGION = 1e-4
 GRAIN = 32768       # elements below which torch's elementwise ops run on the calling thread
 
 
