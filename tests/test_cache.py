@@ -253,3 +253,28 @@ def test_a_derivation_on_disk_spares_a_new_process_sympy(tmp_path):
     assert first["ok"] and first["sympy"] and first["pickles_written"] >= 1
     again = _finish(_start(tmp_path, VJP_SCRIPT))
     assert again["ok"] and not again["sympy"] and again["pickle_hits"] >= 1
+
+
+def test_a_module_another_thread_is_running_is_not_handed_out_half_run(tmp_path, monkeypatch):
+    """load_module registers a module before running its code; a second Python thread asking
+    for the same text meanwhile gets it only once the code has run (four threads calling one
+    new kernel at once read a namespace without the kernel: KeyError)."""
+    import threading
+    _fresh(monkeypatch, tmp_path)
+    text = ("import time\nstarted.set()\ntime.sleep(0.3)\n"
+            "def f():\n    return 42\n")
+    started = threading.Event()
+    import builtins
+    monkeypatch.setattr(builtins, "started", started, raising=False)
+    got = {}
+
+    def first():
+        got["first"] = cache.load_module(text)
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert started.wait(10)                 # the first thread is inside the module's code
+    second = cache.load_module(text)
+    assert second.f() == 42                 # not a half-run namespace
+    t.join()
+    assert got["first"] is second

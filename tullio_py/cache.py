@@ -24,6 +24,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -205,18 +206,25 @@ def load_module(text: str) -> types.ModuleType | None:
         _touch(path)
     except OSError:
         return None
-    module = sys.modules.get(stem)
-    if module is None:
-        module = types.ModuleType(stem)
-        module.__file__ = str(path)
-        sys.modules[stem] = module    # before running it: numba finds the module by this name
-        # The verified in-memory bytes are what runs, not a second read of the file.
-        try:
-            exec(compile(text, str(path), "exec"), module.__dict__)
-        except BaseException:         # nothing half-loaded stays registered
-            del sys.modules[stem]
-            raise
+    # One Python thread at a time registers and runs a module: the module is in sys.modules
+    # before its code has run (numba finds it by that name), and another thread taking it from
+    # there meanwhile would read a namespace without the kernel yet.
+    with _MODULES:
+        module = sys.modules.get(stem)
+        if module is None:
+            module = types.ModuleType(stem)
+            module.__file__ = str(path)
+            sys.modules[stem] = module    # before running it: numba finds it by this name
+            # The verified in-memory bytes are what runs, not a second read of the file.
+            try:
+                exec(compile(text, str(path), "exec"), module.__dict__)
+            except BaseException:         # nothing half-loaded stays registered
+                del sys.modules[stem]
+                raise
     return module
+
+
+_MODULES = threading.RLock()
 
 
 # ----------------------------------------------------------------------------- pickles
