@@ -220,11 +220,10 @@ class ChainGradient:
         if wanted is not None:
             need = self._only(need, set(wanted))
         key = (_signature(arrays), cot.dtype.str, cot.shape, cot.strides, frozenset(need))
-        gathers = any(p.equation.gathers() for p in chain.spec.parts)
-        hit = None if gathers else self._plans.get(key)
+        hit = None if chain.gathers else self._plans.get(key)
         if hit is None:
             hit = self.plan(ns, cot, arrays, need)
-            if not gathers:
+            if not chain.gathers:
                 self._plans[key] = hit
         p, kernels, ranges, params, entries, shapes = hit
         run_ns = dict(ns)
