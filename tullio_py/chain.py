@@ -161,7 +161,7 @@ class Chain:
         """(steps, vjp_plan.Statement per statement, (shape, dtype, fill) per statement) of
         a forward with these inputs: "rows" steps for the row groups, one step per other
         statement.  Checks every statement's arrays as its own call would."""
-        key = _signature(arrays)
+        key = chain_grad.signature(arrays)
         hit = self._plans.get(key)
         if hit is not None:
             return hit
@@ -239,8 +239,3 @@ def _scalars(ns: dict, names) -> dict:
             ns[n] = v.item()
     return ns
 
-
-def _signature(arrays: dict) -> tuple:
-    return tuple(sorted(
-        (n, v.dtype.str, v.shape, v.strides) if isinstance(v, np.ndarray)
-        else (n, type(v).__name__, str(getattr(v, "dtype", ""))) for n, v in arrays.items()))

@@ -219,7 +219,7 @@ class ChainGradient:
         need = self.needs(arrays)
         if wanted is not None:
             need = self._only(need, set(wanted))
-        key = (_signature(arrays), cot.dtype.str, cot.shape, cot.strides, frozenset(need))
+        key = (signature(arrays), cot.dtype.str, cot.shape, cot.strides, frozenset(need))
         hit = None if chain.gathers else self._plans.get(key)
         if hit is None:
             hit = self.plan(ns, cot, arrays, need)
@@ -303,7 +303,9 @@ def _rename(eq, amap: dict, pmap: dict):
     return replace(eq, lhs=access(eq.lhs), rhs=map_expr(eq.rhs, node), text="")
 
 
-def _signature(arrays: dict) -> tuple:
+def signature(arrays: dict) -> tuple:
+    """The call signature plans are cached by (chain.py's and the vjp's): each input's name,
+    dtype, shape and strides, or a scalar's type."""
     return tuple(sorted(
         (n, v.dtype.str, v.shape, v.strides) if isinstance(v, np.ndarray)
         else (n, type(v).__name__, str(getattr(v, "dtype", ""))) for n, v in arrays.items()))
