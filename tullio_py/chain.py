@@ -57,7 +57,6 @@ class Chain:
         # gathers: the index values decide shapes and ranges (no plan per signature)
         self.gathers = any(p.equation.gathers() for p in self.spec.parts)
         self._plans = memo.Memo("chain.plans", 32)        # call signature -> forward steps
-        self._rows = memo.Memo("chain.rows", 32)          # compile key -> row-group function
         self._grad = chain_grad.ChainGradient(self)
         self.last_groups = None
 
@@ -147,7 +146,7 @@ class Chain:
                 named.update(arrays_of(s, _scalars(ns, self.spec.scalars), {}, run=True))
                 ns[s.output] = out
                 named[name] = out.reshape(1) if out.ndim == 0 else out
-            jit.call(self.rows_function(f), [named[a] for a in f.source.args],
+            jit.call(self._grad.fused_function(f), [named[a] for a in f.source.args],
                      f.source.parallel, threads)
         self.last_groups = tuple(s.members for s in steps)
         return ns
@@ -182,14 +181,6 @@ class Chain:
                                     BLOCK_BYTES)
         hit = self._plans[key] = (steps, tuple(statements), tuple(fills))
         return hit
-
-    def rows_function(self, f):
-        """The compiled function of a row group (vjp_plan.Rows), once per compile key."""
-        fn = self._rows.get(f.key)
-        if fn is None:
-            fn = self._rows[f.key] = jit.load(f.source, "cpu", signature="; ".join(
-                k.arguments for k in f.key))
-        return fn
 
     # ------------------------------------------------------------------ gradients
     def vjp(self, cotangent, /, **arrays) -> dict:

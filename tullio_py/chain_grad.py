@@ -254,6 +254,8 @@ class ChainGradient:
         return flows
 
     def fused_function(self, f):
+        """The compiled function of a fused nest or a row group (the vjp's, and the forward's
+        row groups: chain.py), once per compile key."""
         fn = self._fused.get((type(f), f.key))
         if fn is None:
             fn = self._fused[type(f), f.key] = jit.load(f.source, "cpu", signature="; ".join(
