@@ -228,9 +228,17 @@ def injective(eq: Equation, ranges: dict) -> bool:
 
 def unsolved(eq: Equation, ranges: dict) -> Lowered:
     """`lower` without the rewrite: the statement's loops run as the scatter it is written as."""
-    snapshot = reads_output_elsewhere(eq)
-    work = replace(eq, rhs=rename_reads(eq.rhs, eq.output, "_old_" + eq.output)) if snapshot else eq
-    return Lowered(work, ranges, {}, None, snapshot)
+    return replace(_renamed(eq, None), ranges=ranges)
+
+
+def _renamed(eq: Equation, solved: Solved | None) -> Lowered:
+    """`lower`'s static part: `eq` as `solved` rewrote it (None: as written), its reads of the
+    output at other positions renamed to the snapshot."""
+    work = solved.equation if solved is not None else eq
+    snapshot = reads_output_elsewhere(work)
+    if snapshot:
+        work = replace(work, rhs=rename_reads(work.rhs, eq.output, "_old_" + eq.output))
+    return Lowered(work, None, {}, solved, snapshot)
 
 
 def lower(eq: Equation, ranges: dict | None = None, out_shape=None,
@@ -239,12 +247,7 @@ def lower(eq: Equation, ranges: dict | None = None, out_shape=None,
     the ranges and mask bounds of the rewritten statement.  `static`, the result of
     `lower(eq)`, skips the symbolic part (it depends on the statement alone)."""
     if static is None:
-        solved = solve(eq)
-        work = solved.equation if solved is not None else eq
-        snapshot = reads_output_elsewhere(work)
-        if snapshot:
-            work = replace(work, rhs=rename_reads(work.rhs, eq.output, "_old_" + eq.output))
-        static = Lowered(work, None, {}, solved, snapshot)
+        static = _renamed(eq, solve(eq))
     if ranges is None or static.solved is None:
         return replace(static, ranges=ranges)
     rng, bounds = solved_ranges(static.solved, ranges, out_shape)
