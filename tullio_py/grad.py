@@ -166,11 +166,11 @@ def _lhs_slots(slots) -> tuple:
     nothing then clips them to the gradient array, so pad() positions stay pad() (a write
     outside the array is dropped, where it would wrap around)."""
     out = tuple(_lhs_slot(s) for s in slots)
-    if any(isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
-           and not s.inner.is_bare for s in slots) and eliminations(out) is None:
-        out = tuple(Wrapped("pad", s.inner, None, None, s.span)
-                    if isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
-                    and not s.inner.is_bare else x for s, x in zip(slots, out))
+    shifted = [isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine)
+               and not s.inner.is_bare for s in slots]
+    if any(shifted) and eliminations(out) is None:
+        out = tuple(Wrapped("pad", s.inner, None, None, s.span) if k else x
+                    for s, x, k in zip(slots, out, shifted))
     return out
 
 
