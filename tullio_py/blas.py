@@ -203,6 +203,13 @@ class gemm_provider:
         gemms.f, gemms.copy = self.old
 
 
+def pooled_gemm() -> bool:
+    """Whether a frontend's gemm (gemm_provider) takes this Python thread's products: then
+    blas_shift.py's steps run one after another on the calling thread, on the frontend's own
+    pool (blas_shift_run.run), rather than on Python threads."""
+    return getattr(gemms, "f", None) is not None
+
+
 def _merge(x: np.ndarray, lead: int, first: int):
     """x (lead axes, then two groups: `first` axes and the rest) as lead + 2 axes."""
     s = x.shape

@@ -48,7 +48,7 @@ import numpy as np
 
 from . import blas_shift_cost as model
 from . import blas_threads
-from .blas import MIN_WORK, factors, gemms
+from .blas import MIN_WORK, factors, pooled_gemm
 from .blas_shift_cost import blasable as _blasable
 from .blas_shift_cost import chain as _chain
 from .blas_shift_cost import merges as _merges
@@ -226,12 +226,6 @@ def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
                  tuple(S.index(n) for n in labels if n in S), span)
 
 
-def pooled_gemm() -> bool:
-    """Whether the steps go to a frontend's gemm on its own pool (blas.gemm_provider), one
-    after another on the calling thread (blas_shift_run.run), rather than to Python threads."""
-    return getattr(gemms, "f", None) is not None
-
-
 def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_threads=1,
             blocked=None, pooled=False):
     """The cheapest plan over every valid S and operand arrangement, or None.  LOOP_RATE is
@@ -239,7 +233,7 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     convolution's loops 2.0x on 2 threads), which the comparison must count, or a statement
     whose loops scale well is sent to many small gemms that do not.  Register-blocked loops
     (`blocked()`) run at BLOCKED_RATE instead.  `pooled`: the steps run in order on the
-    frontend's pool (pooled_gemm), which spreads every plan's gemms alike: none is cheaper
+    frontend's pool (blas.pooled_gemm), which spreads every plan's gemms alike: none is cheaper
     for sharing its steps between threads, and several threads price the pool's calls."""
     # (on one thread torch's calls open no parallel region: numpy's model, which measured
     # closer there: dW of a conv1d, 32 steps 2.8 ms against one im2col and gemm 3.6-7.9 ms)
@@ -266,7 +260,7 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
 def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, pool=0) -> list:
     """For each valid S, its cheapest arrangement (empty when the call does not qualify);
     benchmarks/blas_shift_costs.py --validate times them all against the model's choice.
-    `pool`: the threads of the frontend's pool the steps run on (pooled_gemm), else 0."""
+    `pool`: the threads of the frontend's pool the steps run on (blas.pooled_gemm), else 0."""
     eq = sh.eq
     arrs = [arrays[a.array] for a in sh.reads]
     if dtype.kind not in "fc" or any(a.dtype.kind not in "fc" for a in arrs):

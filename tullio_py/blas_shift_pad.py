@@ -19,7 +19,7 @@ from itertools import product
 
 import numpy as np
 
-from .blas import gemms
+from .blas import pooled_gemm
 from .blas_shift_run import run
 from .memo import Memo
 from .ranges import affine_bounds, output_shape
@@ -73,8 +73,8 @@ class Padded:
     def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1,
              blocked=None):
         key = CallSignature.of(arrays, rng, dtype, out_shape,
-                               (loop_threads, tuple(out_strides), getattr(gemms, "f", None)
-                                is not None), self.inner.read_names)
+                               (loop_threads, tuple(out_strides), pooled_gemm()),
+                               self.inner.read_names)
         try:
             return self.plans[key]
         except KeyError:

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import blas_threads
-from .blas import gemms
+from .blas import gemms, pooled_gemm
 
 
 def _master(arr: np.ndarray, v, writeable: bool) -> np.ndarray:
@@ -39,7 +39,7 @@ def step_groups(p, groups: int) -> int:
 def step_threads(p, groups: int, threads: int | None = None) -> int:
     """Python threads sharing p's step groups when the call may use `threads` (default:
     all); one under a frontend's gemm (blas.gemm_provider), whose own pool shares the work."""
-    if getattr(gemms, "f", None) is not None:
+    if pooled_gemm():
         return 1
     n = step_groups(p, groups)
     return n if threads is None else max(1, min(n, threads))
