@@ -133,14 +133,16 @@ def shift_groups() -> int:
     machine's (jit.max_threads), at most the thread budget (torch's intra-op thread count
     under the torch frontend), the same for every call whatever its `threads`, so that a
     call's thread count never changes a bit of its result."""
-    n = jit.max_threads()
-    budget = getattr(jit.budgets, "n", None)
-    return min(n, budget) if budget else n
+    return _budgeted(jit.max_threads())
 
 
 def shift_threads(kernel) -> int:
     """Threads blas_shift.py may use: the loops' count, at most the caller's thread budget
     (jit.thread_budget: torch's intra-op thread count under the torch frontend)."""
-    n = kernel.loop_threads()
+    return _budgeted(kernel.loop_threads())
+
+
+def _budgeted(n: int) -> int:
+    """n, at most this Python thread's thread budget (jit.thread_budget) where it has one."""
     budget = getattr(jit.budgets, "n", None)
     return min(n, budget) if budget else n
