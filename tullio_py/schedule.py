@@ -219,17 +219,15 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
                 cands.remove(best)
                 spread = best
             if cands:
-                parallel, second = split_choice(order, cands, ranges, triangular(eq),
-                                                guarded_idx)
+                tri = triangular(eq)
+                parallel, second = split_choice(order, cands, ranges, tri, guarded_idx)
                 if second is not None and form == "row":
                     # Fused loops are not register-blocked: where a single split loop lets the
                     # nest block, split that one (LocallyConnected2d's relaid dW[c1,i,j,c2,s,t],
                     # c1 of 8 fused with i: 2.8 -> 7.0 ms one-thread vjp unblocked).
-                    alone, _ = split_choice(order, cands, ranges, triangular(eq), guarded_idx,
-                                            fuse=False)
-                    rest = [n for n in order if n != alone]
+                    alone, _ = split_choice(order, cands, ranges, tri, guarded_idx, fuse=False)
                     if jam_choice(eq, tuple(Loop(n, n == alone, n not in eq.lhs_indices)
-                                            for n in [alone] + rest),
+                                            for n in [alone] + [x for x in order if x != alone]),
                                   ranges, guards, out_dtype, vector_bytes):
                         parallel, second = alone, None
                 order.remove(parallel)
