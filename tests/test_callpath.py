@@ -118,8 +118,11 @@ def test_python_int_parameter_typed_by_its_value():
             np.testing.assert_allclose(k(x=x, n=n), x * float(n))
 
 
-def test_clear_cache_empties_the_replayed_call():
+def test_clear_cache_empties_the_replayed_call(tmp_path, monkeypatch):
     from tullio_py import clear_cache
+    # clear_cache() empties the disk cache too: a private one, not the directory the other
+    # test process is loading kernels from
+    monkeypatch.setenv("TULLIO_CACHE_DIR", str(tmp_path))
     k = kernel("C[i,k] := A[i,j] * B[j,k]", threads=False)
     A, B = rng.random((4, 3)), rng.random((3, 5))
     k(A=A, B=B)

@@ -27,7 +27,10 @@ def test_registry_is_weak():
     assert "test.weak" not in memo.sizes()
 
 
-def test_clear_cache_empties_memory_caches():
+def test_clear_cache_empties_memory_caches(tmp_path, monkeypatch):
+    # clear_cache() empties the disk cache too: a private one, not the directory the other
+    # test process is loading kernels from
+    monkeypatch.setenv("TULLIO_CACHE_DIR", str(tmp_path))
     A = np.arange(12.0).reshape(3, 4)
     k = kernel("s_memo[i] := A[i,j] * 2.0", threads=False)
     np.testing.assert_allclose(k(A=A), A.sum(1) * 2)
