@@ -278,3 +278,42 @@ def test_a_module_another_thread_is_running_is_not_handed_out_half_run(tmp_path,
     assert second.f() == 42                 # not a half-run namespace
     t.join()
     assert got["first"] is second
+
+
+TEXTS_SCRIPT = r"""
+import hashlib, json
+import numpy as np
+from tullio_py import jit, kernel
+texts = []
+load = jit.load
+def recording_load(source, target, signature=""):
+    texts.append(jit._keyed_text(source, target, signature))    # the disk cache's key
+    return load(source, target, signature)
+jit.load = recording_load
+sm = kernel('''(max) m[i] := x[i,j]
+               e[i,j] := exp(x[i,j] - m[i])
+               z[i] := e[i,j]
+               y[i,j] := e[i,j] / z[i]''', nograd=("m",))
+x = np.random.default_rng(0).random((6, 5))
+y = sm(x=x)
+sm.vjp(np.ones_like(x), x=x)
+k = kernel("s[i] := A[i,j] * B[j] + A[i,j]")
+k.vjp(np.ones(3), A=np.ones((3, 4)), B=np.ones(4))
+print(json.dumps([hashlib.sha1(t.encode()).hexdigest() for t in texts]))
+"""
+
+
+def test_generated_text_does_not_depend_on_the_hash_seed():
+    """The disk key is the module text: two processes with different string hash seeds must
+    write the same text for the same kernels (a set printed in its iteration order made every
+    new process compile the chain's row group again)."""
+    runs = []
+    for seed in ("1", "2", "3"):
+        # the session's shared cache: after the first process the others load, not compile
+        env = dict(_env(os.environ["TULLIO_CACHE_DIR"]), PYTHONHASHSEED=seed)
+        out = subprocess.run([sys.executable, "-c", TEXTS_SCRIPT], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert len(runs[0]) >= 3
+    assert runs[0] == runs[1] == runs[2]

@@ -113,9 +113,12 @@ def render(sources: list[Source], row: str) -> tuple[Source, list[list[tuple[str
         text = src.text
         for name in (*_MODULE_NAMES, src.name):
             text = re.sub(rf"(?<![\w.]){name}(?!\w)", f"{name}_m{k}", text)
-        flags = set(src.fastmath) if isinstance(src.fastmath, tuple) else src.fastmath
+        # the flags as a sorted set literal: the module text (the disk cache's key) must not
+        # depend on the process's string hash seed
+        flags = ("{" + ", ".join(map(repr, sorted(src.fastmath))) + "}"
+                 if isinstance(src.fastmath, tuple) else repr(src.fastmath))
         params = re.search(rf"def {src.name}_m{k}\((.*?)\):", text).group(1).split(", ")
-        parts.append(f"{text}\n_f{k} = _njit(fastmath={flags!r}, error_model='numpy')"
+        parts.append(f"{text}\n_f{k} = _njit(fastmath={flags}, error_model='numpy')"
                      f"({src.name}_m{k})\n")
         names = [p if p in (lo, hi) or not p.startswith("_") else f"_m{k}{p}" for p in params]
         driver += [n for n in names if n not in driver and n not in (lo, hi)]
