@@ -4,7 +4,7 @@
 
 Competitors: tullio_py's torch frontend, torch, and jax.jit (XLA, when jax is installed) for the
 layers XLA has an op for.  Workloads: conv1d, conv2d (NCHW and NHWC), depthwise conv1d, causal attention (B8 T128 H8
-D64; against einsum + masked softmax and against scaled_dot_product_attention), layer norm
+D64, a chain of six statements; against einsum + masked softmax and against scaled_dot_product_attention), layer norm
 4096x512 (a chain of three statements), LocallyConnected2d (batch 16, 8->16, 32x32, 3x3; against unfold
 + einsum), 2x2 max-pool, embedding-bag (sum), softmax (a chain of four statements).  Each forward (no grad) and forward +
 backward (torch autograd; tullio_py's backward is its vjp).
@@ -67,17 +67,17 @@ def workloads(torch, quick: bool):
     # --- causal attention, (batch, heads, time, dim)
     B, H, T, D = 8, 8, 128, 64
     scale = 1.0 / D ** 0.5
-    att_s = kernel("s[b,h,i,j] := q[b,h,i,d] * k[b,h,j,d] * scale")
-    att_m = kernel("(max) m[b,h,i] := s[b,h,i,j] * (j <= i)")
-    att_e = kernel("e[b,h,i,j] := exp(s[b,h,i,j] - m[b,h,i]) * (j <= i)")
-    att_z = kernel("z[b,h,i] := e[b,h,i,j]")
-    att_p = kernel("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]")
-    att_o = kernel("o[b,h,i,d] := p[b,h,i,j] * v[b,h,j,d]")
+    # one chain: the softmax's four statements run as one pass over blocks of rows, forward
+    # and backward; any m gives the same softmax, so the gradient holds it constant (nograd)
+    att = kernel("""s[b,h,i,j] := q[b,h,i,d] * k[b,h,j,d] * scale
+                    (max) m[b,h,i] := s[b,h,i,j] * (j <= i)
+                    e[b,h,i,j] := exp(s[b,h,i,j] - m[b,h,i]) * (j <= i)
+                    z[b,h,i] := e[b,h,i,j]
+                    p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]
+                    o[b,h,i,d] := p[b,h,i,j] * v[b,h,j,d]""", nograd=("m",))
 
     def att_tullio(a):
-        s = att_s(q=a["q"], k=a["k"], scale=scale)
-        e = att_e(s=s, m=att_m(s=s).detach())    # any m gives the same softmax: no gradient
-        return att_o(p=att_p(e=e, z=att_z(e=e)), v=a["v"])
+        return att(q=a["q"], k=a["k"], v=a["v"], scale=scale)
 
     def att_torch(a):
         s = torch.einsum("bhid,bhjd->bhij", a["q"], a["k"]) * scale

@@ -16,6 +16,14 @@ ATT_E = kernel("e[b,h,i,j] := exp(s[b,h,i,j] - m[b,h,i]) * (j <= i)")
 ATT_Z = kernel("z[b,h,i] := e[b,h,i,j]")
 ATT_P = kernel("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]")
 ATT_O = kernel("o[b,h,i,d] := p[b,h,i,j] * v[b,h,j,d]")
+# the same six statements as one chain (chain.py): one autograd node, the four softmax
+# statements one pass over blocks of rows, forward and backward
+ATT = kernel("""s[b,h,i,j] := q[b,h,i,d] * k[b,h,j,d] * scale
+                (max) m[b,h,i] := s[b,h,i,j] * (j <= i)
+                e[b,h,i,j] := exp(s[b,h,i,j] - m[b,h,i]) * (j <= i)
+                z[b,h,i] := e[b,h,i,j]
+                p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]
+                o[b,h,i,d] := p[b,h,i,j] * v[b,h,j,d]""", nograd=("m",))
 
 
 def attention(q, k, v, scale):
@@ -57,6 +65,32 @@ def test_causal_attention_forward_and_backward(shape, layout, dtype):
     y_ref.backward(g)
     tol = 1e-10 if dtype == torch.float64 else 2e-4
     assert y.dtype == dtype
+    torch.testing.assert_close(y.double(), y_ref, rtol=tol, atol=tol)
+    for n, t in mine.items():
+        torch.testing.assert_close(t.grad.double(), ref[n].grad, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_causal_attention_as_one_chain(dtype):
+    """The chain against torch in float64.  Its softmax statements run as one row group
+    although a member's loops collapse (h, b) into one parallel loop (vjp_rows: a collapsed
+    loop's bounds are the block's), forward and backward; the gradients BLAS writes whole
+    (dp, dv, dq, dk) are gemms into unzeroed arrays (chain_grad: vjp_written.whole_blas)."""
+    gen = torch.Generator().manual_seed(4)
+    B, H, T, D = 2, 3, 37, 29
+    base = {n: torch.randn(B, H, T, D, generator=gen, dtype=torch.float64) for n in "qkv"}
+    g = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64)
+    mine = {n: t.clone().to(dtype).requires_grad_() for n, t in base.items()}
+    ref = {n: t.clone().requires_grad_() for n, t in base.items()}
+    y = ATT(**mine, scale=1 / D ** 0.5)
+    y.backward(g.to(dtype))
+    assert ATT.last_groups == ((0,), (1, 2, 3, 4), (5,))
+    plan = ATT.gradient_plan
+    assert [s.kind for s in plan.steps] == ["blas", "blas", "rows", "blas", "blas"]
+    assert {a.name for a in plan.arrays if a.written} == {"dp", "dv", "de", "dq", "dk"}
+    y_ref = reference(ref["q"], ref["k"], ref["v"], 1 / D ** 0.5)
+    y_ref.backward(g)
+    tol = 1e-10 if dtype == torch.float64 else 2e-4
     torch.testing.assert_close(y.double(), y_ref, rtol=tol, atol=tol)
     for n, t in mine.items():
         torch.testing.assert_close(t.grad.double(), ref[n].grad, rtol=tol, atol=tol)

@@ -181,9 +181,15 @@ class ChainGradient:
                 if j < len(helpers) or s.output in written or not fuse:
                     continue
                 alone = sum(t.output == s.output for t in mine) == 1
-                a = arrays_out[s.output]
-                zero = vjp_written.overwrites(s.equation, vjp_plan.as_ranges(s.ranges), a.shape)
-                if alone and zero is not None and all(x.is_bare for x in s.equation.lhs.indices):
+                a, rng_s = arrays_out[s.output], vjp_plan.as_ranges(s.ranges)
+                zero = vjp_written.overwrites(s.equation, rng_s, a.shape)
+                if zero is None or not all(x.is_bare for x in s.equation.lhs.indices):
+                    # a contraction BLAS writes whole (attention's dp, dv, dq, dk: gemms
+                    # with beta 0, not zero-filled arrays added to)
+                    zero = () if vjp_written.whole_blas(
+                        s.equation, rng_s, G.kernel_for,
+                        vjp_plan.arrays_of(s, values, params), values) else None
+                if alone and zero is not None:
                     mine[j] = replace(s, equation=replace(s.equation, assign="="))
                     arrays_out[s.output] = replace(a, written=True, zero=zero)
             written |= {s.output for s in mine[len(helpers):]}

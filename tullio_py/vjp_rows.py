@@ -89,9 +89,9 @@ def _row_member(step: Step, statements, kernels, values: dict, params: dict):
             return None
         arrays, out = arrays_of(s, values, params), values[s.output]
         plan, key, low = gk.plan_for(arrays, as_ranges(s.ranges), out.dtype, out.shape)
-        if low.snapshot or plan.scatter or plan.chunked or plan.block or plan.collapse \
+        if low.snapshot or plan.scatter or plan.chunked or plan.block \
                 or plan.partial or plan.jam:
-            return None
+            return None         # (two loops collapsed into one read their bounds like others)
         plans.append(plan), lows.append(low), keys.append(key)
     fixed = {v for p in plans for v, _, _ in p.fixed}
     if step.kind == "fused":
