@@ -8,7 +8,7 @@ from .errors import (ArgumentError, GradientError, LoweringError, OverwriteWarni
 from .kernel import Kernel, kernel, tullio
 from .tape import Tape
 from .version import __version__
-from . import cache as _cache, memo as _memo
+from . import cache as _cache, memo as _memo, scratch as _scratch
 
 
 def __getattr__(name):
@@ -25,6 +25,7 @@ def clear_cache() -> None:
     a program still holds keep working; what they need is worked out and compiled again."""
     _memo.clear_all()
     _cache.clear()
+    _scratch.pool.clear()
 
 
 __all__ = ["Tape", "tullio", "kernel", "Kernel", "Chain", "TullioError", "ParseError", "RangeError",

@@ -30,7 +30,8 @@ import sys
 
 import numpy as np
 
-from . import bind as binding, chain_grad, chain_text, factory, jit, memo, schedule, vjp_rows
+from . import bind as binding, chain_grad, chain_text, factory, jit, memo, schedule, scratch
+from . import vjp_rows
 from . import tape as _tape
 from .errors import ArgumentError, GradientError
 from .options import Options
@@ -97,7 +98,11 @@ class Chain:
             self.check_inputs(arrays)
             from .frontends import torch_chain
             return torch_chain.call(self, arrays)
-        return self.forward(arrays)[self.spec.result]
+        temps: list = []
+        try:
+            return self.forward(arrays, temps)[self.spec.result]
+        finally:
+            scratch.pool.give(temps)
 
     def check_inputs(self, arrays: dict) -> None:
         spec = self.spec
@@ -122,8 +127,10 @@ class Chain:
         """Every array of the chain by name: the inputs, the temporaries and the result."""
         return self.forward(arrays)
 
-    def forward(self, arrays: dict) -> dict:
-        """`run` with the arrays in a dict (the frontends call it)."""
+    def forward(self, arrays: dict, temps: list | None = None) -> dict:
+        """`run` with the arrays in a dict (the frontends call it).  With a list `temps`, the
+        temporaries of row groups come from scratch.pool and are appended to it: the caller
+        gives them back once nothing reads them (they must not reach the user)."""
         self.check_inputs(arrays)
         ns = dict(arrays)
         host = all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values())
@@ -142,7 +149,13 @@ class Chain:
             named = dict(f.consts)
             for k, name in zip(step.members, f.outputs):
                 s, (shape, dtype, fill) = statements[k], fills[k]
-                out = np.full(shape, self.options.pad, dtype) if fill else np.empty(shape, dtype)
+                if temps is None or s.output == self.spec.result:
+                    out = np.empty(shape, dtype)
+                else:
+                    out = scratch.pool.empty(shape, dtype)
+                    temps.append(out)
+                if fill:
+                    out.fill(self.options.pad)
                 named.update(arrays_of(s, _scalars(ns, self.spec.scalars), {}, run=True))
                 ns[s.output] = out
                 named[name] = out.reshape(1) if out.ndim == 0 else out
@@ -193,8 +206,12 @@ class Chain:
         if not all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values()):
             raise ArgumentError("Chain.vjp takes numpy arrays and scalars (torch tensors get "
                                 "their gradients through torch autograd)", self.text, None)
-        ns = self.forward(arrays)
-        return self._grad.vjp(ns, np.asarray(cotangent), arrays)
+        temps: list = []
+        try:
+            ns = self.forward(arrays, temps)
+            return self._grad.vjp(ns, np.asarray(cotangent), arrays)
+        finally:
+            scratch.pool.give(temps)
 
     @property
     def gradient_side(self) -> chain_grad.ChainGradient:

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import bind as binding, jit, memo, vjp_plan, vjp_rows, vjp_run, vjp_written
+from . import bind as binding, jit, memo, scratch, vjp_plan, vjp_rows, vjp_run, vjp_written
 from .gradient_kernel import learnable_scalars
 from .ir import Access, Gather, Param, Wrapped, map_expr
 from .vjp_plan import Array, Statement, VjpPlan, frozen_ranges, standin
@@ -235,8 +235,12 @@ class ChainGradient:
         run_ns = dict(ns)
         run_ns[p.cotangent] = cot[()] if cot.ndim == 0 else cot
         record: dict = {}
+        # the cotangents of temporaries and helpers' arrays reach no caller: scratch memory
+        inputs = set(chain.spec.inputs)
+        temporary = frozenset(a.name for a in p.arrays if a.input not in inputs)
         got = vjp_run.run(p, vjp_run.Host(kernels, ranges, params, record, self.fused_function,
-                                          chain.options.threads), run_ns)
+                                          chain.options.threads, scratch.pool, temporary),
+                          run_ns)
         self.last_plan, self._last = p, (entries, shapes)
         out = {}
         for n in chain.spec.inputs:
@@ -249,6 +253,7 @@ class ChainGradient:
             if x.dtype.kind != "c" and dx.dtype.kind == "c":
                 dx = dx.real
             out[n] = np.ascontiguousarray(dx.astype(x.dtype, copy=False))
+        scratch.pool.give(run_ns[n] for n in temporary)
         return out
 
     def _only(self, need: set, wanted: set) -> set:

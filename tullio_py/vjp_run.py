@@ -34,20 +34,29 @@ class Host:
     """The numpy frontend: `kernels[i]` runs `plan.statements[i]` over `ranges[i]` (its
     ranges as a dict); `fused_function(Nest or Rows)` gives a fused nest's (or a row group's)
     compiled function; what each statement ran is written to `record` (statement text ->
-    run_with_ranges' result, or ("fused" or "rows", source))."""
+    run_with_ranges' result, or ("fused" or "rows", source)); the arrays named in `temporary`
+    come from `scratch` (a scratch.Pool: the caller gives them back after the run)."""
 
     empty = staticmethod(np.empty)      # an unfilled array (tests fill it with NaN)
 
-    def __init__(self, kernels, ranges, params: dict, record: dict, fused_function, threads):
+    def __init__(self, kernels, ranges, params: dict, record: dict, fused_function, threads,
+                 scratch=None, temporary=frozenset()):
         self.kernels, self.ranges, self.params, self.record = kernels, ranges, params, record
         self.fused_function, self.threads = fused_function, threads
+        self.scratch, self.temporary = scratch, temporary
 
     def zeros(self, a) -> np.ndarray:
         """Zero-filled; unfilled for an array written with `=` (vjp_written.py), but for the
         boxes of elements its statement never writes."""
-        if not a.written:
+        if a.name in self.temporary:
+            out = self.scratch.empty(a.shape, a.dtype)
+            if not a.written:
+                out.fill(0)
+                return out
+        elif not a.written:
             return np.zeros(a.shape, a.dtype)
-        out = self.empty(a.shape, a.dtype)
+        else:
+            out = self.empty(a.shape, a.dtype)
         for box in a.zero:
             out[tuple(slice(lo, hi) for lo, hi in box)] = 0
         return out

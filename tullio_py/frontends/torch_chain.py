@@ -3,7 +3,8 @@
 CPU tensors reach the chain as numpy views of their memory (torch.py's `to_numpy`); the
 forward runs as with numpy arrays (row groups included) and keeps its temporaries for the
 backward, which runs the chain's one vjp plan (chain_grad.py) for exactly the inputs in
-`ctx.needs_input_grad`.  First order: the backward is not differentiable again (torch's
+`ctx.needs_input_grad`; the temporaries' memory returns to scratch.pool when the node is
+freed (after the last backward of the graph), or at once without autograd.  First order: the backward is not differentiable again (torch's
 `once_differentiable`; a statement's own Kernel gives higher orders).  Tensors modified in
 place between the forward and the backward raise torch's usual error (the inputs and the
 result are saved for backward).  The result dtype is numpy's, statement by statement (a
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from .. import scratch
 from ..tape import current
 from .torch import HALF, is_wrapped, to_numpy, torch_threads
 
@@ -31,8 +33,13 @@ def call(chain, arrays: dict):
     names = tuple(tensors)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors.values()):
         return ChainFunction.apply(chain, names, others, *tensors.values())
-    return _result(chain, chain.forward({**others, **{n: to_numpy(t) for n, t in tensors.items()}}),
-                   tensors.values())
+    temps: list = []
+    try:
+        return _result(chain, chain.forward({**others, **{n: to_numpy(t) for n, t in
+                                                          tensors.items()}}, temps),
+                       tensors.values())
+    finally:
+        scratch.pool.give(temps)
 
 
 def _result(chain, ns: dict, tensors) -> torch.Tensor:
@@ -49,9 +56,11 @@ class ChainFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, chain, names, others, *tensors):
         arrays = {**others, **{n: to_numpy(t) for n, t in zip(names, tensors)}}
-        ns = chain.forward(arrays)
+        temps: list = []
+        ns = chain.forward(arrays, temps)
         out = _result(chain, ns, tensors)
         ctx.chain, ctx.names, ctx.arrays, ctx.ns = chain, names, arrays, ns
+        ctx.lease = scratch.Lease(scratch.pool, temps)  # back when the graph is freed
         ctx.dtypes = tuple(t.dtype for t in tensors)
         ctx.save_for_backward(*tensors, out)
         return out

@@ -1,0 +1,137 @@
+"""scratch.py: the chains' temporaries and their cotangents reuse memory between calls.  A
+reused array never aliases one a caller holds (a kept result, Chain.run's arrays, gradients,
+a torch graph's saved temporaries), whatever it held before (NaN here), on two Python threads
+at once; the pool's bound.  Values against the statements run one by one (fuse=False)."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from tullio_py import kernel, scratch
+
+SM = """(max) m[i] := x[i,j]
+e[i,j] := exp(x[i,j] - m[i])
+z[i] := e[i,j]
+y[i,j] := e[i,j] / z[i]"""
+K = kernel(SM, nograd=("m",))
+K0 = kernel(SM, nograd=("m",), fuse=False, blas=False)     # one kernel per statement
+SHAPE = (300, 40)          # float64: 96 kB arrays, above scratch.MIN_BYTES
+
+
+def data(seed):
+    r = np.random.default_rng(seed)
+    return r.standard_normal(SHAPE) * 3, r.standard_normal(SHAPE)
+
+
+def poison():
+    """Every idle array of the pool filled with NaN: a value read before it is written shows."""
+    for a in scratch.pool.idle():
+        a.fill(np.nan)
+
+
+@pytest.fixture(autouse=True)
+def empty_pool():
+    scratch.pool.clear()
+    yield
+    scratch.pool.clear()
+
+
+def pooled(a) -> bool:
+    """a shares memory with an idle array of the pool."""
+    return any(np.shares_memory(a, b) for b in scratch.pool.idle())
+
+
+def test_temporaries_reused_and_results_never_pooled():
+    x1, dy = data(0)
+    x2, _ = data(1)
+    y1 = K(x=x1)
+    (e,) = scratch.pool.idle()              # the chain's `e`, back after the call
+    assert e.shape == SHAPE and not pooled(y1)
+    keep = y1.copy()
+    poison()
+    y2 = K(x=x2)
+    assert scratch.pool.idle() == [e]       # taken again and given back: no new array
+    np.testing.assert_array_equal(y1, keep)                   # the kept result untouched
+    np.testing.assert_allclose(y2, K0(x=x2), rtol=1e-14, atol=1e-15)
+    # Chain.run hands every array to the caller: none comes from or goes to the pool
+    ns = K.run(x=x1)
+    assert scratch.pool.idle() == [e] and ns["e"] is not e
+    saved = {n: v.copy() for n, v in ns.items()}
+    poison()
+    K(x=x2)
+    for n, v in saved.items():
+        np.testing.assert_array_equal(ns[n], v)
+    # the vjp: the forward's `e` and the cotangent `de` are scratch, the gradient is not
+    poison()
+    g1 = K.vjp(dy, x=x1)["x"]
+    assert len(scratch.pool.idle()) == 2 and not pooled(g1)
+    keep = g1.copy()
+    poison()
+    g2 = K.vjp(dy, x=x2)["x"]
+    np.testing.assert_array_equal(g1, keep)
+    np.testing.assert_allclose(g2, K0.vjp(dy, x=x2)["x"], rtol=1e-12, atol=1e-14)
+
+
+def test_torch_graph_keeps_its_temporaries_until_freed():
+    """The forward's `e` stays with the autograd node through every backward (retain_graph)
+    and returns to the pool when the graph is freed; a forward meanwhile gets other memory."""
+    torch = pytest.importorskip("torch")
+    x1, dy = data(2)
+    x2, _ = data(3)
+    want = K0.vjp(dy, x=x1)["x"]
+    xt = torch.tensor(x1, requires_grad=True)
+    y = K(x=xt)
+    assert scratch.pool.idle() == []           # `e` is held by the graph
+    poison()
+    with torch.no_grad():                       # another call takes and returns its own `e`
+        np.testing.assert_allclose(K(x=torch.tensor(x2)).numpy(), K0(x=x2), rtol=1e-14)
+    (other,) = scratch.pool.idle()
+    other.fill(np.nan)
+    for _ in range(2):
+        xt.grad = None
+        y.backward(torch.tensor(dy), retain_graph=True)
+        np.testing.assert_allclose(xt.grad.numpy(), want, rtol=1e-12, atol=1e-14)
+        assert not pooled(xt.grad.numpy()) and not pooled(y.detach().numpy())
+        poison()
+    held = len(scratch.pool.idle())
+    del y
+    gc.collect()
+    assert len(scratch.pool.idle()) == held + 1            # the graph's `e` is back
+
+
+def test_two_threads_share_one_chain():
+    xs = [data(10 + k) for k in range(2)]
+    want = [K0(x=x) for x, _ in xs]
+    errors = []
+
+    def work(k):
+        try:
+            for _ in range(30):
+                got = K(x=xs[k][0])
+                if not np.allclose(got, want[k], rtol=1e-14, atol=1e-15):
+                    errors.append(k)
+        except Exception as e:         # (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(scratch.pool.idle()) <= 2
+
+
+def test_pool_bound_and_what_it_takes_back():
+    p = scratch.Pool(limit=3 * 8 * 10000, min_bytes=1000)
+    arrays = [p.empty((10000,), np.float64) for _ in range(4)]
+    p.give(arrays)
+    assert p.held <= p.limit and [id(a) for a in p.idle()] == [id(a) for a in arrays[1:]]
+    p.give(arrays[1:2])                               # already idle: not twice
+    assert len(p.idle()) == 3
+    p.give([np.empty(10), np.empty(20000)[::2], np.empty((100, 100)).T])  # small, views
+    assert len(p.idle()) == 3
+    a = p.empty((10000,), np.float64)
+    assert a is arrays[3] and p.empty((10000,), np.float64) is arrays[2]
+    assert p.empty((10000,), np.float32).dtype == np.float32       # no such idle array: new
+    assert p.held == 8 * 10000
