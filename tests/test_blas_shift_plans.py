@@ -124,6 +124,23 @@ def test_conv1d_forward_loops_over_the_batch():
     assert p.loop == ("b",) and p.write and p.direct and p.im2col
 
 
+def test_batched_gemm_writes_the_output_in_its_own_layout():
+    """A conv2d NCHW forward with nothing looped: the im2col copy of x keeps the batch index
+    as an axis of its own, y[b] = w @ im2col(x)[b] as one batched gemm stored straight into
+    y (no product in the gemm's layout copied into y's after, on the calling thread alone),
+    the arrangement for torch's pool of 2 threads; equal to the loops'."""
+    _, shapes, _ = CASES["nchw"]
+    k, loops = KERNELS["nchw"]
+    arrays, eq, _, want, out, rng = _setup(k, loops, shapes, None, "contiguous")
+    plans = blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype, 2)
+    p = next(p for p in plans if p.loop == ())
+    assert p.direct and p.im2col and p.mm_shape[0] == shapes["x"][0], p.mm_shape
+    got = np.full_like(out, np.nan)
+    with _gemm("torch"):
+        blas_shift.run(p, k._shift, arrays, got, False, p.write)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
 def test_threaded_forward_and_gradients():
     """A kernel on 2 threads: its conv1d forward and both gradients share the batch loop
     between threads (into its own elements; dW's into zeroed copies, summed), results equal

@@ -335,8 +335,8 @@ def _arrange(S, views, vo, rng, itemsize, write=False, scat=(), pool=0) -> Plan:
     for left in (0, 1):
         right = 1 - left
         for kk in sorted(k_orders):
-            for ma in _merges(free[left], size, strides[left]):
-                for nb in _merges(free[right], size, strides[right]):
+            for ma in _merges(free[left], size, strides[left], so):
+                for nb in _merges(free[right], size, strides[right], so):
                     c = model.cost(S, labels, left, list(kk), ma, nb, batch, free, lo, size,
                                    strides, itemsize, write, spans,
                                    _prod(size[x] for x in scat), pool)

@@ -80,18 +80,24 @@ def blasable(outer, inner, stride, itemsize) -> bool:
             or (not outer or abs(stride[outer[-1]]) == itemsize))
 
 
-def merges(free, size, stride):
+def merges(free, size, stride, out_stride=None):
     """Candidate matrix dimensions from an operand's free indices (given outer to inner in
-    the output): the innermost run that merges as a view of the operand, or all of them
-    (a copy) in the output's order or the operand's."""
+    the output): the innermost run that merges as a view of the operand, all of them (a
+    copy) in the output's order or the operand's, or the innermost run that merges as a
+    view of the output (`out_stride`; copied, the others batch axes: the gemm's result is
+    then the output's own layout, a conv2d NCHW's y[b] = w @ im2col(x)[b] over the batch)."""
     if not free:
         return [[]]
     own = sorted(free, key=lambda n: -abs(stride[n]))
     k = len(own) - 1
     while k > 0 and chain(own[k - 1:k + 1], size, stride):
         k -= 1
+    tail = len(free) - 1
+    while out_stride is not None and tail > 0 and chain(free[tail - 1:tail + 1], size,
+                                                        out_stride):
+        tail -= 1
     out = []
-    for c in (own[k:], list(free), own):
+    for c in (own[k:], list(free), own, list(free[tail:])):
         if c not in out:
             out.append(c)
     return out
