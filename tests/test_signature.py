@@ -210,6 +210,7 @@ NOT_CACHES = {
     ("jit", "_VECMATH_HASH"): "the hash of vecmath.py and intrinsics.py, a constant of the process",
     ("jit", "_VECTOR_BYTES"): "the machine's vector register width, a constant of the process",
     ("intrinsics", "_WIDE"): "the wide_vectors intrinsic, defined on first use",
+    ("intrinsics", "_SHIFTED"): "the shifted_rows intrinsic, defined on first use",
 }
 
 

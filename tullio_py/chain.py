@@ -100,7 +100,7 @@ class Chain:
             return torch_chain.call(self, arrays)
         temps: list = []
         try:
-            return self.forward(arrays, temps)[self.spec.result]
+            return self.forward(arrays, temps, local=True)[self.spec.result]
         finally:
             scratch.pool.give(temps)
 
@@ -127,17 +127,22 @@ class Chain:
         """Every array of the chain by name: the inputs, the temporaries and the result."""
         return self.forward(arrays)
 
-    def forward(self, arrays: dict, temps: list | None = None) -> dict:
+    def forward(self, arrays: dict, temps: list | None = None, local: bool = False) -> dict:
         """`run` with the arrays in a dict (the frontends call it).  With a list `temps`, the
         temporaries of row groups come from scratch.pool and are appended to it: the caller
-        gives them back once nothing reads them (they must not reach the user)."""
+        gives them back once nothing reads them (they must not reach the user).  `local`
+        (with `temps`; the caller reads only the result): temporaries that only one row group
+        reads live in blocks of rows (codegen/rows.py's localize) and `ns` holds a zero-stride
+        stand-in for each."""
         self.check_inputs(arrays)
         ns = dict(arrays)
         host = all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values())
         if not host or self.gathers or _tape.current() is not None:
             self.last_groups = tuple((k,) for k in range(len(self.spec.parts)))
             return self.one_by_one(ns)
-        steps, statements, fills = self.plan(ns)
+        steps, statements, fills, local_steps = self.plan(ns)
+        if local and temps is not None:
+            steps = local_steps
         threads = schedule.thread_count(self.options.threads, jit.max_threads())
         for step in steps:
             if step.rows is None:
@@ -149,6 +154,10 @@ class Chain:
             named = dict(f.consts)
             for k, name in zip(step.members, f.outputs):
                 s, (shape, dtype, fill) = statements[k], fills[k]
+                named.update(arrays_of(s, _scalars(ns, self.spec.scalars), {}, run=True))
+                if s.output in f.local:
+                    ns[s.output] = np.broadcast_to(np.zeros((), dtype), shape)
+                    continue
                 if temps is None or s.output == self.spec.result:
                     out = np.empty(shape, dtype)
                 else:
@@ -156,9 +165,12 @@ class Chain:
                     temps.append(out)
                 if fill:
                     out.fill(self.options.pad)
-                named.update(arrays_of(s, _scalars(ns, self.spec.scalars), {}, run=True))
                 ns[s.output] = out
                 named[name] = out.reshape(1) if out.ndim == 0 else out
+            if f.local:
+                bufs = vjp_rows.local_buffers(f, ns, scratch.pool.empty)
+                temps += bufs.values()
+                named.update(bufs)
             jit.call(self._grad.fused_function(f), [named[a] for a in f.source.args],
                      f.source.parallel, threads)
         self.last_groups = tuple(s.members for s in steps)
@@ -170,9 +182,10 @@ class Chain:
         return ns
 
     def plan(self, arrays: dict):
-        """(steps, vjp_plan.Statement per statement, (shape, dtype, fill) per statement) of
-        a forward with these inputs: "rows" steps for the row groups, one step per other
-        statement.  Checks every statement's arrays as its own call would."""
+        """(steps, vjp_plan.Statement per statement, (shape, dtype, fill) per statement, the
+        steps with block-local temporaries) of a forward with these inputs: "rows" steps for
+        the row groups, one step per other statement.  Checks every statement's arrays as its
+        own call would."""
         key = chain_grad.signature(arrays)
         hit = self._plans.get(key)
         if hit is not None:
@@ -192,7 +205,12 @@ class Chain:
             fills.append((b.shape, b.dtype, b.fill))
         steps = vjp_rows.row_groups(steps, statements, list(self.kernels), values, {}, True,
                                     BLOCK_BYTES)
-        hit = self._plans[key] = (steps, tuple(statements), tuple(fills))
+        # for callers that read only the result: temporaries no other step reads, written
+        # whole, live in blocks of rows
+        local = tuple(vjp_rows.localized(st, vjp_rows.block_local(st, statements, [
+            spec.defined[k] for k in st.members if spec.defined[k] != spec.result
+            and not fills[k][2] and fills[k][0]])) if st.rows else st for st in steps)
+        hit = self._plans[key] = (steps, tuple(statements), tuple(fills), local)
         return hit
 
     # ------------------------------------------------------------------ gradients

@@ -204,6 +204,16 @@ class ChainGradient:
         if fuse and ROWS:
             steps = list(vjp_rows.row_groups(steps, statements, kernels, values, params, True,
                                              BLOCK_BYTES))
+            # the cotangent of a temporary that one row group writes whole and reads (the
+            # softmax's de) lives in blocks of rows: never written to memory
+            inputs = set(chain.spec.inputs)
+            whole = [a.name for a in arrays_out.values() if a.input not in inputs and a.written
+                     and not a.zero and not a.spread and a.shape]
+            steps = [vjp_rows.localized(st, vjp_rows.block_local(st, statements, whole))
+                     if st.rows else st for st in steps]
+            for st in steps:
+                for n in st.rows.local if st.rows else ():
+                    arrays_out[n] = replace(arrays_out[n], local=True)
         p = VjpPlan(dn[chain.spec.result], (), tuple(params.items()), tuple(arrays_out.values()),
                     tuple(statements), tuple(steps))
         shapes = {n: tuple(np.shape(v)) for n, v in values.items()
@@ -238,9 +248,9 @@ class ChainGradient:
         # the cotangents of temporaries and helpers' arrays reach no caller: scratch memory
         inputs = set(chain.spec.inputs)
         temporary = frozenset(a.name for a in p.arrays if a.input not in inputs)
-        got = vjp_run.run(p, vjp_run.Host(kernels, ranges, params, record, self.fused_function,
-                                          chain.options.threads, scratch.pool, temporary),
-                          run_ns)
+        host = vjp_run.Host(kernels, ranges, params, record, self.fused_function,
+                            chain.options.threads, scratch.pool, temporary)
+        got = vjp_run.run(p, host, run_ns)
         self.last_plan, self._last = p, (entries, shapes)
         out = {}
         for n in chain.spec.inputs:
@@ -253,7 +263,7 @@ class ChainGradient:
             if x.dtype.kind != "c" and dx.dtype.kind == "c":
                 dx = dx.real
             out[n] = np.ascontiguousarray(dx.astype(x.dtype, copy=False))
-        scratch.pool.give(run_ns[n] for n in temporary)
+        scratch.pool.give([*(run_ns[n] for n in temporary), *host.buffers])
         return out
 
     def _only(self, need: set, wanted: set) -> set:
@@ -267,9 +277,10 @@ class ChainGradient:
     def fused_function(self, f):
         """The compiled function of a fused nest or a row group (the vjp's, and the forward's
         row groups: chain.py), once per compile key."""
-        fn = self._fused.get((type(f), f.key))
+        key = (type(f), f.key, getattr(f, "local", ()))
+        fn = self._fused.get(key)
         if fn is None:
-            fn = self._fused[type(f), f.key] = jit.load(f.source, "cpu", signature="; ".join(
+            fn = self._fused[key] = jit.load(f.source, "cpu", signature="; ".join(
                 k.arguments for k in f.key))
         return fn
 

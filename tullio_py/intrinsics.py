@@ -6,12 +6,15 @@ maximum/minimum compile to LLVM operations, and the vecmath functions callable f
 other.  `wide_vectors()` marks the compiled function it is called in to use the widest
 vector registers of the machine (512-bit with AVX-512, which LLVM otherwise avoids on many
 x86 CPUs): the register-blocked row form (codegen/blocked.py) calls it.
+`shifted_rows(buf, lo, stop)` is `buf` seen from row `lo` on: a block's rows of an array
+that lives only in one block of a row group (codegen/rows.py's block-local arrays).
 """
 from __future__ import annotations
 
 from . import vecmath
 
 _WIDE: list = []
+_SHIFTED: list = []
 
 
 def register():
@@ -102,6 +105,10 @@ def __getattr__(name: str):
     """`wide_vectors`: a no-op intrinsic; the compiled function that calls it prefers 512-bit
     vectors (LLVM's "prefer-vector-width" function attribute, which llvmlite's attribute set
     does not list, so it is added to the set as text).  Made on first use."""
+    if name == "shifted_rows":
+        if not _SHIFTED:
+            _SHIFTED.append(_shifted_rows())
+        return _SHIFTED[0]
     if name != "wide_vectors":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if not _WIDE:
@@ -117,3 +124,40 @@ def __getattr__(name: str):
             return types.none(), codegen
         _WIDE.append(wide_vectors)
     return _WIDE[0]
+
+
+def _shifted_rows():
+    """The intrinsic `shifted_rows(buf, lo, stop)`: an array of buf's type whose rows lo ..
+    lo + len(buf) - 1 are buf's rows 0 .. len(buf) - 1 and whose first dimension is `stop`
+    (its data pointer lo rows before buf's: only rows lo .. lo + len(buf) - 1 may be used).
+    A kernel written for whole arrays, run over rows lo .. stop - 1 of it, then works in a
+    buffer of len(buf) >= stop - lo rows (codegen/rows.py: block-local arrays)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.core.imputils import impl_ret_borrowed
+    from numba.extending import intrinsic
+    from numba.np.arrayobj import make_array, populate_array
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        buf = make_array(aryty)(context, builder, args[0])
+        out = make_array(aryty)(context, builder)
+        shape = cgutils.unpack_tuple(builder, buf.shape)
+        strides = cgutils.unpack_tuple(builder, buf.strides)
+        lo = context.cast(builder, args[1], sig.args[1], types.intp)
+        stop = context.cast(builder, args[2], sig.args[2], types.intp)
+        byte = ir.IntType(8).as_pointer()
+        data = builder.gep(builder.bitcast(buf.data, byte), [builder.neg(builder.mul(
+            lo, strides[0]))])
+        populate_array(out, data=builder.bitcast(data, buf.data.type), shape=[stop, *shape[1:]],
+                       strides=strides, itemsize=buf.itemsize, meminfo=buf.meminfo,
+                       parent=buf.parent)
+        return impl_ret_borrowed(context, builder, sig.return_type, out._getvalue())
+
+    @intrinsic
+    def shifted_rows(typingctx, buf, lo, stop):
+        if not (isinstance(buf, types.Array) and buf.ndim >= 1
+                and isinstance(lo, types.Integer) and isinstance(stop, types.Integer)):
+            return None
+        return buf(buf, lo, stop), codegen
+    return shifted_rows

@@ -60,6 +60,8 @@ class Array:
     spread: tuple = ()              # (full shape, dims): a gradient constant along `dims`,
                                     # held without them and returned as a zero-stride view
                                     # of the full shape (`spread_dims`)
+    local: bool = False             # lives in blocks of a row group (vjp_rows.block_local):
+                                    # never allocated whole
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Rows:
     key: tuple                      # the members' compile keys: its compile key
     outputs: tuple[str, ...]        # the function's output argument of each member statement
     consts: Pairs                   # its generated arguments' values (bounds, block rows, ...)
+    local: tuple[str, ...] = ()     # arrays living in blocks (codegen/rows.py's localize)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import codegen, schedule
+from . import codegen, jit, schedule
+from .ir import Affine
 from .codegen import fused, range_argument, rows as rows_mod
 from .vjp_plan import Rows, Step, VjpPlan, arrays_of, as_ranges, standin
 
@@ -25,6 +26,9 @@ from .vjp_plan import Rows, Step, VjpPlan, arrays_of, as_ranges, standin
 # members' code unchanged).  The rule and the code stay, tested, for when a group beats its
 # members; `ENABLED = True` groups every vjp plan it applies to.
 ENABLED = False
+# Arrays that live only inside one row group are kept in blocks of rows (`block_local`);
+# False allocates them whole (tests compare both).
+LOCAL = True
 
 
 def group(p: VjpPlan, kernel_for, values: dict, params: dict) -> VjpPlan:
@@ -111,3 +115,60 @@ def _row_member(step: Step, statements, kernels, values: dict, params: dict):
     rng = {n: r for n, r in rng.items() if n not in fixed}
     return [p.equation for p in plans], rng, source, tuple(keys), consts, outputs
 
+
+
+def block_local(step: Step, statements, names) -> tuple[str, ...]:
+    """The arrays among `names` that may live in blocks of "rows" step `step`
+    (codegen/rows.py's localize): no statement outside the step touches them, the first
+    member touching one writes it (`:=` or `=`, not reading it), and the row index is the
+    first of its dimensions.  The callers check the rest: nothing reads the array after
+    the step (a result, an array a caller or a backward keeps), and its statement writes
+    every element (no padding, no zeroed boxes)."""
+    if not LOCAL:
+        return ()
+    row = row_of(step.rows)
+    members = set(step.members)
+    out = []
+    for n in names:
+        touch = [k for k, s in enumerate(statements) if n in _touched(s)]
+        if not touch or any(k not in members for k in touch):
+            continue
+        first = statements[min(touch, key=step.members.index)]
+        eq = first.equation
+        lhs = eq.lhs.indices
+        if (first.output != n or eq.assign not in (":=", "=") or n in eq.arrays
+                or n in eq.params or not lhs or not isinstance(lhs[0], Affine)
+                or not lhs[0].is_bare or lhs[0].names != (row,)):
+            continue
+        out.append(n)
+    return tuple(out)
+
+
+def _touched(s) -> set:
+    eq = s.equation
+    return {s.output, eq.output, *eq.arrays, *eq.params}
+
+
+def localized(step: Step, local) -> Step:
+    """`step` (a "rows" step) with the arrays `local` block-local (`block_local`)."""
+    if not local:
+        return step
+    f = step.rows
+    return replace(step, rows=replace(f, source=rows_mod.localize(f.source, local),
+                                      local=tuple(local)))
+
+
+def row_of(f: Rows) -> str:
+    """The row index of a row group."""
+    (row,) = [k[len("_start_"):] for k, _ in f.consts if k.startswith("_start_")]
+    return row
+
+
+def local_buffers(f: Rows, like: dict, empty) -> dict:
+    """{argument: buffer} for the block-local arrays of row group `f`: (threads, rows of a
+    block, the array's other dimensions) from `empty(shape, dtype)`; `like`: name -> an
+    array (or stand-in) of the array's shape and dtype."""
+    rows = dict(f.consts)["_rows"]
+    slots = jit.max_threads()
+    return {rows_mod.local_arg(n): empty((slots, rows, *like[n].shape[1:]), like[n].dtype)
+            for n in f.local}

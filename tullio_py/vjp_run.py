@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import jit, schedule
+from . import jit, schedule, vjp_rows
 from .vjp_plan import VjpPlan, arrays_of, spread
 
 
@@ -44,10 +44,14 @@ class Host:
         self.kernels, self.ranges, self.params, self.record = kernels, ranges, params, record
         self.fused_function, self.threads = fused_function, threads
         self.scratch, self.temporary = scratch, temporary
+        self.buffers: list = []         # block-local arrays' buffers, from `scratch`
 
     def zeros(self, a) -> np.ndarray:
         """Zero-filled; unfilled for an array written with `=` (vjp_written.py), but for the
-        boxes of elements its statement never writes."""
+        boxes of elements its statement never writes; a zero-stride stand-in for an array
+        that lives in blocks of a row group (vjp_rows.block_local)."""
+        if a.local:
+            return np.broadcast_to(np.zeros((), a.dtype), a.shape)
         if a.name in self.temporary:
             out = self.scratch.empty(a.shape, a.dtype)
             if not a.written:
@@ -76,6 +80,10 @@ class Host:
             named.update(arrays_of(s, ns, params, run=True))
             out = ns[s.output]
             named[name] = out.reshape(1) if out.ndim == 0 else out    # (a view)
+        if step.rows is not None and f.local:
+            bufs = vjp_rows.local_buffers(f, ns, self.scratch.empty)
+            self.buffers += bufs.values()
+            named.update(bufs)
         args = [params[a] if a in params else named[a] for a in f.source.args]
         jit.call(self.fused_function(f), args, f.source.parallel,
                  schedule.thread_count(self.threads, jit.max_threads()))

@@ -44,6 +44,7 @@ scatters, or reads a snapshot of its output are not grouped (the callers check).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ..ir import Affine, Equation, Gather, Wrapped
 from .source import Source
@@ -133,6 +134,37 @@ def render(sources: list[Source], row: str) -> tuple[Source, list[list[tuple[str
             f"        _lo = {lo} + _b * _rows\n"
             f"        _hi = min(_lo + _rows, {hi})\n" + "\n".join(calls) + "\n")
     return Source(text, "_tullio_rows", tuple(user_arg(a) for a in args), True, False), members
+
+
+def local_arg(name: str) -> str:
+    """The row group function's argument for block-local array `name` (`localize`)."""
+    return f"_local_{code_name(name)}"
+
+
+def localize(source: Source, local) -> Source:
+    """A `render`ed row group with the arrays named in `local` (the caller's names) block-local:
+    each is read and written only by the group, at the block's rows, and nothing reads it
+    after the group (the callers check), so instead of the whole array the function takes
+    `local_arg(name)`, a buffer of (threads, rows of a block, the array's other dimensions),
+    and each block works in its thread's rows of it (intrinsics.shifted_rows: the members'
+    code is unchanged) -- the rows stay in the cache and never reach memory.  The row index
+    is the array's first dimension."""
+    if not local:
+        return source
+    text = source.text
+    head = f"def {source.name}("
+    at = text.index(head)
+    args = text[at + len(head):text.index("):", at)].split(", ")
+    names = {code_name(n): local_arg(n) for n in local}
+    new = [names.get(a, a) for a in args]
+    block = "".join(f"        {c} = _shifted_rows({names[c]}[_t], _lo, _hi)\n" for c in names)
+    body = text[at:].replace(", ".join(args), ", ".join(new), 1)
+    marker = "        _hi = min(_lo + _rows, "
+    cut = body.index("\n", body.index(marker)) + 1
+    body = body[:cut] + "        _t = _thread_id()\n" + block + body[cut:]
+    text = ("from numba import get_thread_id as _thread_id\n"
+            "from tullio_py.intrinsics import shifted_rows as _shifted_rows\n" + text[:at] + body)
+    return replace(source, text=text, args=tuple(user_arg(a) for a in new))
 
 
 def _block(name: str, lo: str, hi: str) -> str:

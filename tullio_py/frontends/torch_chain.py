@@ -36,7 +36,7 @@ def call(chain, arrays: dict):
     temps: list = []
     try:
         return _result(chain, chain.forward({**others, **{n: to_numpy(t) for n, t in
-                                                          tensors.items()}}, temps),
+                                                          tensors.items()}}, temps, True),
                        tensors.values())
     finally:
         scratch.pool.give(temps)
