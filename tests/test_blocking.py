@@ -151,6 +151,27 @@ def test_shifted_accumulate_blocked_equals_reference_and_plain(expr, threads):
                                atol=1e-12)
 
 
+@pytest.mark.parametrize("threads", [True, 1], ids=["threads", "1 thread"])
+def test_short_tile_extents_are_constants(threads):
+    """A tile's short extents (the jammed index, the loops inside the tile, the row; each at
+    most SHORT_LOOP) are baked into the code as constants (Plan.fixed): the same values as the
+    loops with the extents passed as arguments, to rounding (the compiler may reorder the
+    sums it now sees whole)."""
+    k = KERNELS[CONV, threads]
+    x, W, y0 = rnd(20, 3, 19), rnd(3, 3, 6, seed=2), rnd(18, 6, 19, seed=3)
+    got = k(x=x, W=W, y=y0.copy())
+    given = dict(x=x, W=W, y=y0)
+    plan = k.plan_for(given, k.ranges(**given), got.dtype, got.shape)[0]
+    assert plan.jam == ("c2", schedule.JAM, 16)
+    assert plan.fixed == (("c2", 0, 6), ("i", 0, 3), ("c1", 0, 3), ("b", 0, 19)), plan.fixed
+    assert "    _stop_b_ = 19\n" in codegen.render(plan).text
+    out = y0.copy()
+    run_variant(k, given, got, {"x": x, "W": W}, out, fixed=())
+    np.testing.assert_allclose(got, out, rtol=1e-13, atol=1e-13)
+    want = y0 + sum(np.einsum("scb,cd->sdb", x[i:i + 18], W[i]) for i in range(3))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
 LANE_SHIFT = kernel("y[o,p] := x[c,p+j] * w[o,c,j]", blas=False)
 
 
