@@ -47,6 +47,7 @@ from itertools import combinations
 import numpy as np
 
 from . import blas_shift_cost as model
+from . import blas_shift_gather as gather
 from . import blas_threads
 from .blas import MIN_WORK, factors, pooled_gemm
 from .blas_shift_cost import blasable as _blasable
@@ -240,6 +241,10 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype,
                        loop_threads if pooled and loop_threads > 1 else 0)
     threaded = loop_threads > 1 and blas_threads.available() and not pooled
+    if plans:       # (none: out of bounds, or the call does not qualify)
+        g = gather.plan(sh.eq, sh.reads, arrays, rng, out_shape, out_strides, dtype,
+                        loop_threads if pooled and loop_threads > 1 else 0)
+        plans = plans + [g] if g is not None else plans
     best = min(plans, key=lambda p: p.cost / (min(loop_threads, p.steps[0])
                                               if threaded and p.split else 1), default=None)
     if best is None:

@@ -68,6 +68,15 @@ def prod(xs):
     return out
 
 
+def c_order(shape) -> list:
+    """C-order strides of `shape` in elements."""
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return out[::-1]
+
+
 def chain(labels, size, stride) -> bool:
     """Whether axes `labels` (outer to inner) merge into one axis without a copy."""
     labels = [n for n in labels if size[n] != 1]
@@ -117,7 +126,6 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
     calls_made, regions = 1, 1
     for i, mine, first in ((left, ma, True), (right, nb, False)):
         st = strides[i]
-        inner = (mine + kk) if first else (kk + mine)
         views = chain(mine, size, st) and chain(kk, size, st)      # else reshape copies
         matrix = (blasable(mine, kk, st, itemsize) if first else
                   blasable(kk, mine, st, itemsize))                  # else copied for gemm

@@ -20,6 +20,7 @@ from itertools import product
 import numpy as np
 
 from .blas import pooled_gemm
+from .blas_shift_cost import c_order
 from .blas_shift_run import run
 from .memo import Memo
 from .ranges import affine_bounds, output_shape
@@ -108,7 +109,7 @@ class Padded:
         fresh = out is None
         if fresh:
             shape = tuple(output_shape(eq, rng))
-            strides = tuple(np.dtype(dtype).itemsize * s for s in _c_order(shape))
+            strides = tuple(np.dtype(dtype).itemsize * s for s in c_order(shape))
         else:
             shape, strides, dtype = out.shape, out.strides, out.dtype
         p = self.plan(arrays, rng, shape, strides, dtype, loop_threads, blocked)
@@ -124,15 +125,6 @@ class Padded:
         for r, sub in p.parts:
             run(sub, self.inner, arrays, out, False, False, loop_threads, threads)
         return out
-
-
-def _c_order(shape):
-    """C-order strides of `shape` in elements."""
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
 
 
 def sub_ranges(slots, shapes, rng: dict):

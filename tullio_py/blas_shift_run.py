@@ -21,6 +21,7 @@ from itertools import product
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from . import blas_shift_gather as gather
 from . import blas_threads
 from .blas import gemms, pooled_gemm
 
@@ -57,6 +58,10 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
     every call (frontends/numpy.shift_groups), whatever the call's threads.  Under a
     frontend's gemm (blas.gemm_provider) every step runs in order on this thread into `out`
     (no groups), each product and copy on the frontend's pool."""
+    if getattr(p, "gather", False):         # blas_shift_gather.py's plan
+        gemm = getattr(gemms, "f", None)
+        return gather.run(p, sh, arrays, out, groups, threads, gemm,
+                          getattr(gemms, "copy", None) if gemm is not None else None)
     eq = sh.eq
     a0, a1 = (arrays[a.array] for a in sh.reads)
     # (writeable where the array is: a frontend's gemm may want writeable views; never written)

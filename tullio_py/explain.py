@@ -84,7 +84,9 @@ def _path(k, arrays, rng, out, shape, dtype):
         if p is not None:
             how = (f"loop over {', '.join(p.loop)} ({int(np.prod(p.steps))} steps) of "
                    if p.loop else "one ")
-            kind = "gemm after an im2col copy" if p.im2col else "np.matmul over strided views"
+            kind = ("gemm over a zero-padded im2col copy (gather form)" if getattr(
+                p, "gather", False) else "gemm after an im2col copy" if p.im2col else
+                "np.matmul over strided views")
             col2im = (f", added into the output for each {', '.join(p.scatter)} (col2im)"
                       if p.scatter else "")
             n = blas_shift.step_threads(p, shift_groups(), shift_threads(k))
