@@ -141,6 +141,31 @@ def test_batched_gemm_writes_the_output_in_its_own_layout():
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
+def test_products_into_shifted_windows_are_added_on_the_frontends_pool():
+    """Plans whose output view is no matmul result (dx's window at one shift: h and v not one
+    axis, or the col2im of a batch of products) add each product into it through the
+    frontend's copy (torch's add, on its pool), not numpy's add on the calling thread;
+    equal to the loops'."""
+    frontend = pytest.importorskip("tullio_py.frontends.torch")
+    _, shapes, out_shape = CASES["dx_nchw"]
+    k, loops = KERNELS["dx_nchw"]
+    arrays, eq, start, want, out, rng = _setup(k, loops, shapes, out_shape, "contiguous")
+    adding = []
+    for p in blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype, 2):
+        added = []
+
+        def copy(dst, src, add=False):
+            added.append(add)
+            return frontend.torch_copy(dst, src, add)
+        got = start.copy()
+        with blas.gemm_provider(frontend.torch_gemm, copy):
+            blas_shift.run(p, k._shift, arrays, got, False, False)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+        if True in added:
+            adding.append(p.loop)
+    assert len(adding) > 1, adding
+
+
 def test_threaded_forward_and_gradients():
     """A kernel on 2 threads: its conv1d forward and both gradients share the batch loop
     between threads (into its own elements; dW's into zeroed copies, summed), results equal

@@ -186,7 +186,8 @@ class gemm_provider:
     out = alpha * (a @ b) + beta * out for numpy arrays a (..., M, K), b (..., K, N) and a
     view out (..., M, N) (beta 0: out is overwritten) and returns True, or returns False to
     leave the call to numpy; blas_shift.py's operand copies (im2col) go first to
-    `copy(dst, src)` (dst[...] = src, same shapes and dtype; False: numpy copies).  A
+    `copy(dst, src, add)` (dst[...] = src, or with `add` dst += src: a product taken into
+    an output that is no matmul result; same shapes and dtype; False: numpy's).  A
     provider runs them on the frontend's own thread pool (torch's): blas_shift.py then runs
     its steps on the calling thread and starts no threads of its own."""
     __slots__ = ("f", "copy", "old")

@@ -153,10 +153,15 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
             regions += 1
             direct = True
     alone = 0.0         # numpy's passes on the calling thread alone (the pool's own share)
-    if not direct:
+    if not direct:      # the product through a new block, stored or added into the output
         nbytes = prod(size[x] for x in res) * itemsize
-        alone = (2 if write else 3) * copy_bytes(lo, res, size, so, itemsize) / (
-            BW_CACHE if nbytes <= CACHE else BW)
+        passes = (2 if write else 3) * copy_bytes(lo, res, size, so, itemsize)
+        if pool and adds == 1:      # the pool's copy or add (frontends/torch.torch_copy)
+            moved += passes / BW
+            regions += 1
+            calls_made += 1
+        else:
+            alone = passes / (BW_CACHE if nbytes <= CACHE else BW)
     m, n, k = (prod(size[x] for x in g) for g in (ma, nb, kk))
     calls = prod(size[x] for x in batch + ga + gb)
     gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)

@@ -146,7 +146,7 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                     continue
                 except (ValueError, TypeError):     # the output's layout is no matmul result
                     pass
-            np.copyto(t, _matmul(gemm, a, b).reshape(p.res_shape), casting="unsafe")
+            _store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), False)
             continue
         if gemm is not None and t.dtype == a.dtype == b.dtype:
             try:        # the frontend's gemm adds into the output in place (beta 1)
@@ -154,7 +154,18 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                     continue
             except ValueError:                      # the output's layout is no matmul result
                 pass
-        np.add(t, _matmul(gemm, a, b).reshape(p.res_shape), out=t, casting="unsafe")
+        _store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), True)
+
+
+def _store(copy, t, r, add: bool):
+    """t[...] = r, or t += r: through the frontend's copy where there is one and it takes
+    the call (on its pool: torch's), else numpy's on this thread."""
+    if copy is not None and copy(t, r, add):
+        return
+    if add:
+        np.add(t, r, out=t, casting="unsafe")
+    else:
+        np.copyto(t, r, casting="unsafe")
 
 
 def _contiguous(copy, x):

@@ -214,18 +214,22 @@ def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bo
     return True
 
 
-def torch_copy(dst: np.ndarray, src: np.ndarray) -> bool:
-    """dst[...] = src on torch's thread pool (blas.gemm_provider): numpy copies an im2col
-    view (overlapping axes, short inner runs) on one thread, element run by element run;
-    torch's copy spreads it over its threads.  False (numpy copies) for arrays torch cannot
-    view."""
+def torch_copy(dst: np.ndarray, src: np.ndarray, add: bool = False) -> bool:
+    """dst[...] = src (`add`: dst += src) on torch's thread pool (blas.gemm_provider): numpy
+    copies an im2col view (overlapping axes, short inner runs) on one thread, element run by
+    element run, and adds a product into a shifted window of the output (a convolution's
+    input gradient) on one thread; torch spreads them over its threads.  False (numpy copies)
+    for arrays torch cannot view."""
     for x in (dst, src):
         if (x.dtype != dst.dtype or x.dtype.kind not in "fc" or not x.dtype.isnative
                 or not x.flags.writeable or any(s < 0 or s % x.itemsize for s in x.strides)):
             return False
     if dst.shape != src.shape or np.may_share_memory(dst, src):
         return False
-    torch.from_numpy(dst).copy_(torch.from_numpy(src))
+    if add:
+        torch.from_numpy(dst).add_(torch.from_numpy(src))
+    else:
+        torch.from_numpy(dst).copy_(torch.from_numpy(src))
     return True
 
 
