@@ -22,6 +22,12 @@ strides).  Inside a `Tape`, and with dask or CUDA arrays, the statements run one
 through their kernels (the Tape records each).  torch tensors: frontends/torch_chain.py, one
 autograd node for the whole chain.
 
+Memory: temporaries no caller sees (the result and `run`'s arrays are the caller's) come
+from scratch.py's pool and go back to it after the call (under torch autograd, when the node
+is freed); where the caller reads only the result, a temporary that only its row group reads
+lives in a per-thread buffer of a block's rows (codegen/rows.py's localize) and never
+reaches memory: the softmax's m, e and z.
+
 Gradient: chain_grad.py.
 """
 from __future__ import annotations

@@ -40,6 +40,9 @@ the block's task gives the same bits, but the group's function then cannot be ca
 disk: 5-7 s of compiling in every new process).  Statements whose plan
 fixes r's bounds in the code (`Plan.fixed`), splits work into chunks with partial results,
 scatters, or reads a snapshot of its output are not grouped (the callers check).
+
+`localize` keeps arrays that only the group reads (and writes whole) in a buffer of a
+block's rows per thread instead of whole arrays: same members, same values.
 """
 from __future__ import annotations
 
