@@ -3,6 +3,8 @@ reused array never aliases one a caller holds (a kept result, Chain.run's arrays
 a torch graph's saved temporaries), whatever it held before (NaN here), on two Python threads
 at once; the pool's bound.  Values against the statements run one by one (fuse=False)."""
 import gc
+import os
+import signal
 import threading
 
 import numpy as np
@@ -179,3 +181,16 @@ def test_block_local_only_where_nothing_else_reads():
     assert [s.rows.local for s in k.plan({"x": x})[3] if s.rows] == [("z",)]
     poison()
     np.testing.assert_allclose(k(x=x), k0(x=x), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_child_forked_while_the_pool_is_locked_can_use_it():
+    scratch.pool.give([np.empty(1000)])
+    with scratch.pool._lock:            # another thread inside the pool at the fork
+        pid = os.fork()
+        if pid == 0:                    # the child: a deadlock ends by the alarm (code 14)
+            signal.alarm(5)
+            scratch.pool.give([np.empty(1000)])
+            os._exit(0 if len(scratch.pool.idle()) == 1 else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

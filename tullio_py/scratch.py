@@ -22,6 +22,7 @@ Arrays under `min_bytes` are not pooled (malloc reuses small blocks cheaply).
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
@@ -89,3 +90,14 @@ class Lease:
 
 
 pool = Pool()       # the process's pool (chain.py, chain_grad.py)
+
+
+def _after_fork_in_child():
+    """A child forked while another thread held the pool's lock gets a fresh lock (and no
+    idle arrays: they are the parent's memory, copied on write)."""
+    pool._lock = threading.Lock()
+    pool.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
