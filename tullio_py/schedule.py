@@ -67,8 +67,9 @@ class Plan:
     block: tuple = ()             # (index, size): row form, that reduction loop runs in blocks
                                   # (outermost, serial) so its rows of the streamed array stay
                                   # in cache across all rows of the output
-    fixed: tuple = ()             # (index, start, stop): a short innermost loop's bounds, baked
-                                  # in as constants so the compiler unrolls and vectorises it
+    fixed: tuple = ()             # (index, start, stop): a short innermost loop's bounds, or a
+                                  # register-blocked tile's short extents (jam), baked in as
+                                  # constants so the compiler unrolls and vectorises them
     dtypes: tuple = ()            # (name, dtype) of the arrays and parameters read (dtypes.py):
                                   # the code computes each element as numpy would
     jam: tuple = ()               # (index, factor, lanes): row form, register-blocked (see
