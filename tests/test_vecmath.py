@@ -175,3 +175,70 @@ def test_tanh_kernel(dtype):
     assert got.dtype == dtype and "_vm_tanh_" in TANH.forward_code
     np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps)
     assert np.array_equal(np.signbit(got) & (got == got), np.signbit(want) & (want == want))
+
+
+def correctly_rounded(exact, dtype):
+    """The float of `dtype` nearest the Fraction `exact` (ties to even), from the float64
+    nearest it and its neighbours."""
+    from fractions import Fraction
+    v = dtype(float(exact))
+    cands = [v, np.nextafter(v, dtype(np.inf)), np.nextafter(v, dtype(-np.inf))]
+    dist = [abs(Fraction(float(c)) - exact) for c in cands]
+    best = min(dist)
+    near = [c for c, d in zip(cands, dist) if d == best]
+    itype = np.int32 if dtype == np.float32 else np.int64
+    return near[0] if len(near) == 1 else [c for c in near if int(c.view(itype)) % 2 == 0][0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fma_rounds_once(dtype):
+    """vecmath.fma, compiled in a vectorised loop and as plain Python, is a*b + c correctly
+    rounded, where a multiply then an add round twice (and differ on some of these)."""
+    import numba
+    from fractions import Fraction
+    jit.vector_function("exp_f32")                     # (registers the intrinsics)
+    fma = vecmath.fma
+
+    @numba.njit(fastmath=False)
+    def fused(a, b, c, out):
+        for i in range(a.shape[0]):
+            out[i] = fma(a[i], b[i], c[i])
+    rng = np.random.default_rng(2)
+    n = 400
+    a = (1 + rng.uniform(-1, 1, n) * 2.0 ** rng.integers(-30, 0, n)).astype(dtype)
+    b = (1 + rng.uniform(-1, 1, n) * 2.0 ** rng.integers(-30, 0, n)).astype(dtype)
+    c = -(a * b) * (1 + rng.uniform(-1, 1, n) * 2.0 ** -20).astype(dtype)   # cancellation
+    c[:3] = [np.inf, 1.0, np.nan]
+    got = np.empty_like(a)
+    fused(a, b, c, got)
+    finite = np.isfinite(c)
+    want = np.array([correctly_rounded(Fraction(float(x)) * Fraction(float(y))
+                                       + Fraction(float(z)), dtype)
+                     for x, y, z in zip(a[finite], b[finite], c[finite])], dtype)
+    np.testing.assert_array_equal(got[finite], want)
+    assert np.isinf(got[0]) and np.isnan(got[2])
+    np.testing.assert_array_equal(
+        np.array([fma(x, y, z) for x, y, z in zip(a, b, c)], dtype), got)
+    assert np.count_nonzero(a * b + c != got) > n // 4             # two roundings differ
+
+
+def test_pow2_shifted_uses_t_low_bits():
+    """vecmath.pow2_shifted(n + SHIFT, k) is 2**(n - k), compiled and as plain Python."""
+    import numba
+    jit.vector_function("exp_f32")
+    p2 = vecmath.pow2_shifted
+
+    @numba.njit
+    def scale(t, k, out):
+        for i in range(t.shape[0]):
+            out[i] = p2(t[i], k)
+    for dtype, bits in ((np.float32, 23), (np.float64, 52)):
+        info = np.finfo(dtype)
+        for k in (-63, 0, 1, 20):
+            n = np.arange(info.minexp + k, info.maxexp + k)      # 2**(n - k) normal
+            t = (n + 1.5 * 2.0 ** bits).astype(dtype)
+            got = np.empty_like(t)
+            scale(t, k, got)
+            want = np.ldexp(dtype(1), n - k)
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(np.array([p2(v, k) for v in t[::37]]), want[::37])

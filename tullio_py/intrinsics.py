@@ -1,8 +1,8 @@
 """numba intrinsics and overloads the generated CPU kernels use (imported by jit.py, and by
 kernels, only once numba is wanted).
 
-`register()` makes vecmath's bit-level helpers (pow2, exponent, mantissa) and IEEE
-maximum/minimum compile to LLVM operations, and the vecmath functions callable from each
+`register()` makes vecmath's bit-level helpers (pow2, pow2_shifted, exponent, mantissa),
+fused multiply-add and IEEE maximum/minimum compile to LLVM operations, and the vecmath functions callable from each
 other.  `wide_vectors()` marks the compiled function it is called in to use the widest
 vector registers of the machine (512-bit with AVX-512, which LLVM otherwise avoids on many
 x86 CPUs): the register-blocked row form (codegen/blocked.py) calls it.
@@ -79,6 +79,29 @@ def register():
 
     for which in ("maximum", "minimum"):
         extremum(which)
+
+    @intrinsic
+    def fused(typingctx, a, b, c):              # vecmath.fma: llvm.fma, rounded once
+        def codegen(context, builder, sig, args):
+            fty = ir.FunctionType(args[0].type, [args[0].type] * 3)
+            return builder.call(cgutils.get_or_insert_function(
+                builder.module, fty, f"llvm.fma.f{a.bitwidth}"), args)
+        return (a(a, b, c), codegen) if isinstance(a, types.Float) and a == b == c else None
+    overload(vecmath.fma)(lambda a, b, c: lambda a, b, c: fused(a, b, c))
+
+    @intrinsic
+    def shifted_pow2(typingctx, t, k):          # vecmath.pow2_shifted: integer operations
+        def codegen(context, builder, sig, args):
+            ity, mant, bias = layout(t)
+            b, c = builder, (lambda v: ir.Constant(ity, v))         # noqa: E731
+            kk = args[1]
+            kk = (b.trunc(kk, ity) if kk.type.width > ity.width
+                  else b.sext(kk, ity) if kk.type.width < ity.width else kk)
+            bits = b.shl(b.bitcast(args[0], ity), c(mant))
+            return b.bitcast(b.add(bits, b.shl(b.sub(c(bias), kk), c(mant))), args[0].type)
+        ok = isinstance(t, types.Float) and isinstance(k, types.Integer)
+        return (t(t, k), codegen) if ok else None
+    overload(vecmath.pow2_shifted)(lambda t, k: lambda t, k: shifted_pow2(t, k))
 
     def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
         @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})

@@ -38,30 +38,76 @@ def mantissa(x):
     return x.dtype.type(np.frexp(x)[0] * 2)
 
 
+def fma(a, b, c):
+    """a*b + c rounded once, in a's float dtype (compiled: llvm.fma, one fused multiply-add
+    instruction).  Plain Python: the exact value as a fraction, rounded to float64 (for float32
+    with round-to-odd, so that the second rounding, to float32, is correct)."""
+    t = a.dtype.type
+    if not (np.isfinite(a) and np.isfinite(b) and np.isfinite(c)):
+        with np.errstate(all="ignore"):
+            return t(a * b + c)
+    from fractions import Fraction
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    if exact == 0:
+        return t(a * b + c)                     # (the sign of a zero sum)
+    with np.errstate(over="ignore"):
+        v = np.float64(float(exact)) if abs(exact) < 2 ** 1024 else np.float64(np.inf * exact)
+    if (t != np.float64 and np.isfinite(v) and Fraction(float(v)) != exact
+            and int(v.view(np.int64)) & 1 == 0):
+        v = np.nextafter(v, np.inf if exact > Fraction(float(v)) else -np.inf)
+    with np.errstate(over="ignore"):
+        return t(v)
+
+
+def pow2_shifted(t, k):
+    """2.0**(n - k) in t's float dtype for t = n + SHIFT (SHIFT = 1.5 * 2**mantissa bits, so
+    that n, an integer, sits in t's low bits) and an integer k, with 2**(n - k) a normal float
+    (compiled: `(bits(t) << mantissa bits) + ((bias - k) << mantissa bits)`, t's high bits
+    shifted out; no conversion of t to an integer)."""
+    if t != t:
+        return t                                # (compiled: some float, and NaN * it is NaN)
+    shift = t.dtype.type(1.5 * 2.0 ** np.finfo(t.dtype).nmant)
+    return pow2(t - shift - k)
+
+
 _f4, _f8 = np.float32, np.float64
 
-# float32: Cephes expf.  ln2 = C1 + C2, C1 with 9 significant bits.
-_LOG2E4, _HALF4, _ONE4 = _f4(1.44269504088896341), _f4(0.5), _f4(1.0)
+# float32: x = n*ln2 + r with n = round(x/ln2) (t = x*log2(e) + SHIFT rounds it, n = t - SHIFT)
+# and ln2 = C1 + C2 (C1 with 9 significant bits: n*C1 exact, and fma makes r = x - n*C1 exact
+# too); exp(r) = 1 + r + r**2 P(r), Cephes' P, by fused multiply-adds, with 1 + r split into
+# its rounded sum and that sum's error, so that only the last addition rounds much.  Computed
+# doubled (every coefficient times 2, exactly), y = 2 exp(r), so that y * 2**(n - 1), one
+# factor, reaches the overflow (n <= 128); below n = -64 a second factor 2**-64 follows
+# (y * 2**(n + 63) * 2**-64: the second multiply rounds a subnormal result once).
+_LOG2E4, _TWO4, _ZERO4 = _f4(1.44269504088896341), _f4(2.0), _f4(0.0)
+_SHIFT4 = _f4(1.5 * 2 ** 23)
 _C1_4, _C2_4 = _f4(0.693359375), _f4(-2.12194440e-4)
-_P0_4, _P1_4, _P2_4 = _f4(1.9875691500e-4), _f4(1.3981999507e-3), _f4(8.3334519073e-3)
-_P3_4, _P4_4, _P5_4 = _f4(4.1665795894e-2), _f4(1.6666665459e-1), _f4(5.0000001201e-1)
-# exp(-110) and exp(100) are 0 and inf in float32; n stays within [-159, 145].
-_LO4, _HI4 = _f4(-110.0), _f4(100.0)
+_P0_4, _P1_4, _P2_4 = _f4(2 * 1.9875691500e-4), _f4(2 * 1.3981999507e-3), _f4(2 * 8.3334519073e-3)
+_P3_4, _P4_4, _P5_4 = _f4(2 * 4.1665795894e-2), _f4(2 * 1.6666665459e-1), _f4(2 * 5.0000001201e-1)
+_NLOW4, _SLOW4 = _f4(-64.0), _f4(2.0 ** -64)
+# exp(-110) is 0 in float32, exp(89) inf; n stays within [-159, 128].  The clamps are written
+# so that NaN passes them (x86's max and min return their second operand then); NaN then
+# stays NaN to the end.
+_LO4, _HI4 = _f4(-110.0), _f4(89.0)
 
 
 def exp_f32(x):
     """np.exp of a float32 (within 1 ulp of the correctly rounded value; 0 below about -103.97,
     subnormal results down to there, inf above about 88.72, NaN for NaN)."""
-    xc = x if x > _LO4 else _LO4
-    xc = xc if xc < _HI4 else _HI4
-    n = np.floor(xc * _LOG2E4 + _HALF4)
-    r = xc - n * _C1_4
-    r = r - n * _C2_4
+    xc = _LO4 if _LO4 > x else x
+    xc = _HI4 if _HI4 < xc else xc
+    t = fma(xc, _LOG2E4, _SHIFT4)
+    n = t - _SHIFT4
+    r = fma(n, -_C1_4, xc)
+    r = fma(n, -_C2_4, r)
     z = r * r
-    y = (((((_P0_4 * r + _P1_4) * r + _P2_4) * r + _P3_4) * r + _P4_4) * r + _P5_4) * z + r + _ONE4
-    n1 = np.floor(n * _HALF4)
-    y = y * pow2(n1) * pow2(n - n1)
-    return y if x == x else x
+    p = fma(fma(fma(fma(fma(_P0_4, r, _P1_4), r, _P2_4), r, _P3_4), r, _P4_4), r, _P5_4)
+    h = fma(r, _TWO4, _TWO4)                    # 2 + 2r = h + e exactly (|r| < 1)
+    e = fma(r, _TWO4, _TWO4 - h)
+    y = h + fma(p, z, e)
+    low = n < _NLOW4
+    y = y * pow2_shifted(t, -63 if low else 1)
+    return y * _SLOW4 if low else y
 
 
 # float64: Cephes exp, exp(r) = 1 + 2 r P(r^2) / (Q(r^2) - r P(r^2)).  ln2 = C1 + C2.
@@ -94,7 +140,8 @@ def exp_f64(x):
 # log: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log(x) = log1p(f) + e*ln2 with f = m - 1
 # (exact), log1p(f) = f - f**2/2 + f**3 R(f); e*ln2 in the parts of exp's ln2 (C1 * e exact).
 # Subnormal x is first scaled into the normal range; x <= 0, inf and NaN are selected.
-_SQRT2_4, _ZERO4, _NAN4, _INF4 = _f4(1.41421356237309504880), _f4(0.0), _f4(np.nan), _f4(np.inf)
+_SQRT2_4, _NAN4, _INF4 = _f4(1.41421356237309504880), _f4(np.nan), _f4(np.inf)
+_HALF4, _ONE4 = _f4(0.5), _f4(1.0)
 _TINY4, _SCALE4, _K4 = _f4(np.finfo(np.float32).tiny), _f4(2.0 ** 25), _f4(25.0)
 _L0_4, _L1_4, _L2_4 = _f4(7.0376836292e-2), _f4(-1.1514610310e-1), _f4(1.1676998740e-1)
 _L3_4, _L4_4, _L5_4 = _f4(-1.2420140846e-1), _f4(1.4249322787e-1), _f4(-1.6668057665e-1)
@@ -157,7 +204,7 @@ def log_f64(x):
 
 # tanh: x + x**3 R(x**2) for |x| < 0.625 (Cephes), else sign(x) (1 - 2 / (exp(2|x|) + 1)),
 # which is 1 once exp overflows; both computed, one selected.  tanh(NaN) is NaN, tanh(-0.0) -0.0.
-_SMALL4, _TWO4 = _f4(0.625), _f4(2.0)
+_SMALL4 = _f4(0.625)
 _T0_4, _T1_4, _T2_4 = _f4(-5.70498872745e-3), _f4(2.06390887954e-2), _f4(-5.37397155531e-2)
 _T3_4, _T4_4 = _f4(1.33314422036e-1), _f4(-3.33332819422e-1)
 
