@@ -74,7 +74,7 @@ _f4, _f8 = np.float32, np.float64
 
 # float32: x = n*ln2 + r with n = round(x/ln2) (t = x*log2(e) + SHIFT rounds it, n = t - SHIFT)
 # and ln2 = C1 + C2 (C1 with 9 significant bits: n*C1 exact, and fma makes r = x - n*C1 exact
-# too); exp(r) = 1 + r + r**2 P(r), Cephes' P, by fused multiply-adds, with 1 + r split into
+# too); exp(r) = 1 + r + r**2 P(r), P of degree 4 fitted below, by fused multiply-adds, with 1 + r split into
 # its rounded sum and that sum's error, so that only the last addition rounds much.  Computed
 # doubled (every coefficient times 2, exactly), y = 2 exp(r), so that y * 2**(n - 1), one
 # factor, reaches the overflow (n <= 128); below n = -64 a second factor 2**-64 follows
@@ -82,8 +82,10 @@ _f4, _f8 = np.float32, np.float64
 _LOG2E4, _TWO4, _ZERO4 = _f4(1.44269504088896341), _f4(2.0), _f4(0.0)
 _SHIFT4 = _f4(1.5 * 2 ** 23)
 _C1_4, _C2_4 = _f4(0.693359375), _f4(-2.12194440e-4)
-_P0_4, _P1_4, _P2_4 = _f4(2 * 1.9875691500e-4), _f4(2 * 1.3981999507e-3), _f4(2 * 8.3334519073e-3)
-_P3_4, _P4_4, _P5_4 = _f4(2 * 4.1665795894e-2), _f4(2 * 1.6666665459e-1), _f4(2 * 5.0000001201e-1)
+# P: (exp(r) - 1 - r) / r**2 interpolated at 5 Chebyshev nodes of |r| <= ln2/2 (relative
+# error of 1 + r + r**2 P(r) 1.0e-8 with these float32 coefficients), times 2.
+_P4 = tuple(_f4(2 * c) for c in (
+    0.0013926249230280519, 0.008363231085240841, 0.04166655242443085, 0.16666576266288757, 0.5))
 _NLOW4, _SLOW4 = _f4(-64.0), _f4(2.0 ** -64)
 # exp(-110) is 0 in float32, exp(89) inf; n stays within [-159, 128].  The clamps are written
 # so that NaN passes them (x86's max and min return their second operand then); NaN then
@@ -101,7 +103,7 @@ def exp_f32(x):
     r = fma(n, -_C1_4, xc)
     r = fma(n, -_C2_4, r)
     z = r * r
-    p = fma(fma(fma(fma(fma(_P0_4, r, _P1_4), r, _P2_4), r, _P3_4), r, _P4_4), r, _P5_4)
+    p = fma(fma(fma(fma(_P4[0], r, _P4[1]), r, _P4[2]), r, _P4[3]), r, _P4[4])
     h = fma(r, _TWO4, _TWO4)                    # 2 + 2r = h + e exactly (|r| < 1)
     e = fma(r, _TWO4, _TWO4 - h)
     y = h + fma(p, z, e)
@@ -110,31 +112,38 @@ def exp_f32(x):
     return y * _SLOW4 if low else y
 
 
-# float64: Cephes exp, exp(r) = 1 + 2 r P(r^2) / (Q(r^2) - r P(r^2)).  ln2 = C1 + C2.
+# float64: as float32, with Cephes' ln2 = C1 + C2 (C1 with 15 significant bits) and P of
+# degree 9 (relative error of 1 + r + r**2 P(r) 1.6e-17), no division; 2**-512 as the second
+# factor below n = -512.
 _LOG2E8, _HALF8, _ONE8, _TWO8 = _f8(1.4426950408889634073599), _f8(0.5), _f8(1.0), _f8(2.0)
+_SHIFT8, _ZERO8 = _f8(1.5 * 2 ** 52), _f8(0.0)
 _C1_8, _C2_8 = _f8(6.93145751953125e-1), _f8(1.42860682030941723212e-6)
-_P0_8, _P1_8, _P2_8 = (_f8(1.26177193074810590878e-4), _f8(3.02994407707441961300e-2),
-                       _f8(9.99999999999999999910e-1))
-_Q0_8, _Q1_8, _Q2_8, _Q3_8 = (_f8(3.00198505138664455042e-6), _f8(2.52448340349684104192e-3),
-                              _f8(2.27265548208155028766e-1), _f8(2.00000000000000000009e0))
-# exp(-760) and exp(720) are 0 and inf in float64; n stays within [-1097, 1039].
-_LO8, _HI8 = _f8(-760.0), _f8(720.0)
+# P: (exp(r) - 1 - r) / r**2 interpolated at 10 Chebyshev nodes of |r| <= ln2/2, times 2.
+_P8 = tuple(_f8(2 * c) for c in (
+    2.5100470238808523e-08, 2.762019864323475e-07, 2.7557268281679976e-06, 2.480152106407653e-05, 0.00019841269863168478, 0.0013888888917363079, 0.008333333333330039, 0.04166666666662383, 0.16666666666666669, 0.5000000000000001))
+_NLOW8, _SLOW8 = _f8(-512.0), _f8(2.0 ** -512)
+# exp(-760) is 0 in float64, exp(710) inf; n stays within [-1097, 1024].
+_LO8, _HI8 = _f8(-760.0), _f8(710.0)
 
 
 def exp_f64(x):
     """np.exp of a float64 (within 1 ulp of the correctly rounded value; 0 below about -745.13,
     subnormal results down to there, inf above about 709.78, NaN for NaN)."""
-    xc = x if x > _LO8 else _LO8
-    xc = xc if xc < _HI8 else _HI8
-    n = np.floor(xc * _LOG2E8 + _HALF8)
-    r = xc - n * _C1_8
-    r = r - n * _C2_8
+    xc = _LO8 if _LO8 > x else x
+    xc = _HI8 if _HI8 < xc else xc
+    t = fma(xc, _LOG2E8, _SHIFT8)
+    n = t - _SHIFT8
+    r = fma(n, -_C1_8, xc)
+    r = fma(n, -_C2_8, r)
     z = r * r
-    p = r * ((_P0_8 * z + _P1_8) * z + _P2_8)
-    y = _ONE8 + _TWO8 * (p / ((((_Q0_8 * z + _Q1_8) * z + _Q2_8) * z + _Q3_8) - p))
-    n1 = np.floor(n * _HALF8)
-    y = y * pow2(n1) * pow2(n - n1)
-    return y if x == x else x
+    p = fma(fma(fma(fma(_P8[0], r, _P8[1]), r, _P8[2]), r, _P8[3]), r, _P8[4])
+    p = fma(fma(fma(fma(fma(p, r, _P8[5]), r, _P8[6]), r, _P8[7]), r, _P8[8]), r, _P8[9])
+    h = fma(r, _TWO8, _TWO8)
+    e = fma(r, _TWO8, _TWO8 - h)
+    y = h + fma(p, z, e)
+    low = n < _NLOW8
+    y = y * pow2_shifted(t, -511 if low else 1)
+    return y * _SLOW8 if low else y
 
 
 # log: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log(x) = log1p(f) + e*ln2 with f = m - 1
@@ -169,7 +178,7 @@ def log_f32(x):
 
 
 # float64: Cephes log, log1p(f) = f - f**2/2 + f**3 P(f) / Q(f), ln2 = C1 - C2.
-_SQRT2_8, _ZERO8, _NAN8, _INF8 = _f8(1.41421356237309504880), _f8(0.0), _f8(np.nan), _f8(np.inf)
+_SQRT2_8, _NAN8, _INF8 = _f8(1.41421356237309504880), _f8(np.nan), _f8(np.inf)
 _TINY8, _SCALE8, _K8 = _f8(np.finfo(np.float64).tiny), _f8(2.0 ** 54), _f8(54.0)
 _LC1_8, _LC2_8 = _f8(0.693359375), _f8(2.121944400546905827679e-4)
 _LP0_8, _LP1_8, _LP2_8 = (_f8(1.01875663804580931796e-4), _f8(4.97494994976747001425e-1),
