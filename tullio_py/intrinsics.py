@@ -2,10 +2,11 @@
 kernels, only once numba is wanted).
 
 `register()` makes vecmath's bit-level helpers (pow2, pow2_shifted, exponent, mantissa),
-fused multiply-add and IEEE maximum/minimum compile to LLVM operations, and the vecmath functions callable from each
-other.  `wide_vectors()` marks the compiled function it is called in to use the widest
-vector registers of the machine (512-bit with AVX-512, which LLVM otherwise avoids on many
-x86 CPUs): the register-blocked row form (codegen/blocked.py) calls it.
+fused multiply-add and IEEE maximum/minimum compile to LLVM operations, and the vecmath
+functions callable from each other.  `wide_vectors()` marks the compiled function it is
+called in to use the widest vector registers of the machine (512-bit with AVX-512, which
+LLVM otherwise avoids on many x86 CPUs): the register-blocked row form (codegen/blocked.py)
+calls it.
 `shifted_rows(buf, lo, stop)` is `buf` seen from row `lo` on: a block's rows of an array
 that lives only in one block of a row group (codegen/rows.py's block-local arrays).
 """

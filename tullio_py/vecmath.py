@@ -2,17 +2,21 @@
 
 numba's LLVM has no vector math library: `np.exp` in a compiled loop is one scalar libm call
 per element and the loop stays scalar.  The functions here are straight-line code (no branch,
-no call): range reduction x = n*ln2 + r with n = round(x/ln2) and ln2 in a high and a low part
-(the high part has few significant bits, so n*hi is exact), Cephes' polynomial (float32) or
-rational (float64) approximation of exp(r) on |r| <= ln2/2, and scaling by 2**n through the
-exponent bits.  The scaling is two factors 2**n1 * 2**n2 (n1 + n2 = n, both in the normal
-exponent range), so that results between the smallest subnormal and the largest float are
-rounded once, as from numpy; x is first clamped to a range whose results are already 0 and
-inf, which overflow and underflow give without a test; NaN is selected back at the end.
+no call).  exp: range reduction x = n*ln2 + r with n = round(x/ln2), rounded by adding
+1.5 * 2**mantissa bits (so that n also sits in the sum's low bits, for the scaling) and ln2 in a
+high and a low part (the high part has few significant bits, so n*hi is exact), a polynomial
+approximation of exp(r) on |r| <= ln2/2, and scaling by 2**n through the exponent bits.  The
+reduction and the polynomial's Horner steps are fused multiply-adds (`fma`, llvm.fma: one
+rounding each, where the order of operations is ours, not the compiler's).  2**n is one
+factor down to n = -64 (float32) / -512 (float64) and two below (a second multiply, which
+rounds a subnormal result once, as numpy does); x is first clamped to a range whose results
+are already 0 and inf, which overflow and underflow give without a test; the clamps let NaN
+through, and NaN stays NaN.  log and tanh: Cephes' approximations, see each.
 
 Each function is written for one dtype: every constant has that dtype, so the compiled code
 computes in it throughout (a float64 constant would widen float32 arithmetic).  They run as
-plain Python too (slowly); jit.py compiles them, with `pow2` as exponent-bit arithmetic.
+plain Python too (slowly); jit.py compiles them, with `pow2` and `pow2_shifted` as
+exponent-bit arithmetic and `fma` as llvm.fma (intrinsics.py).
 Accuracy against correctly rounded results: tests/test_vecmath.py.
 """
 from __future__ import annotations
@@ -74,11 +78,12 @@ _f4, _f8 = np.float32, np.float64
 
 # float32: x = n*ln2 + r with n = round(x/ln2) (t = x*log2(e) + SHIFT rounds it, n = t - SHIFT)
 # and ln2 = C1 + C2 (C1 with 9 significant bits: n*C1 exact, and fma makes r = x - n*C1 exact
-# too); exp(r) = 1 + r + r**2 P(r), P of degree 4 fitted below, by fused multiply-adds, with 1 + r split into
-# its rounded sum and that sum's error, so that only the last addition rounds much.  Computed
-# doubled (every coefficient times 2, exactly), y = 2 exp(r), so that y * 2**(n - 1), one
-# factor, reaches the overflow (n <= 128); below n = -64 a second factor 2**-64 follows
-# (y * 2**(n + 63) * 2**-64: the second multiply rounds a subnormal result once).
+# too); exp(r) = 1 + r + r**2 P(r), P of degree 4 fitted below, by fused multiply-adds, with
+# 1 + r split into its rounded sum and that sum's error, so that only the last addition
+# rounds much.  Computed doubled (every coefficient times 2, exactly), y = 2 exp(r), so that
+# y * 2**(n - 1), one factor, reaches the overflow (n <= 128); below n = -64 a second factor
+# 2**-64 follows (y * 2**(n + 63) * 2**-64: the second multiply rounds a subnormal result
+# once; compiled, a masked multiply).
 _LOG2E4, _TWO4, _ZERO4 = _f4(1.44269504088896341), _f4(2.0), _f4(0.0)
 _SHIFT4 = _f4(1.5 * 2 ** 23)
 _C1_4, _C2_4 = _f4(0.693359375), _f4(-2.12194440e-4)
@@ -88,8 +93,8 @@ _P4 = tuple(_f4(2 * c) for c in (
     0.0013926249230280519, 0.008363231085240841, 0.04166655242443085, 0.16666576266288757, 0.5))
 _NLOW4, _SLOW4 = _f4(-64.0), _f4(2.0 ** -64)
 # exp(-110) is 0 in float32, exp(89) inf; n stays within [-159, 128].  The clamps are written
-# so that NaN passes them (x86's max and min return their second operand then); NaN then
-# stays NaN to the end.
+# so that NaN passes them (`LO if LO > x else x` is x for NaN: one max instruction on x86);
+# NaN then stays NaN to the end.
 _LO4, _HI4 = _f4(-110.0), _f4(89.0)
 
 
@@ -120,7 +125,9 @@ _SHIFT8, _ZERO8 = _f8(1.5 * 2 ** 52), _f8(0.0)
 _C1_8, _C2_8 = _f8(6.93145751953125e-1), _f8(1.42860682030941723212e-6)
 # P: (exp(r) - 1 - r) / r**2 interpolated at 10 Chebyshev nodes of |r| <= ln2/2, times 2.
 _P8 = tuple(_f8(2 * c) for c in (
-    2.5100470238808523e-08, 2.762019864323475e-07, 2.7557268281679976e-06, 2.480152106407653e-05, 0.00019841269863168478, 0.0013888888917363079, 0.008333333333330039, 0.04166666666662383, 0.16666666666666669, 0.5000000000000001))
+    2.5100470238808523e-08, 2.762019864323475e-07, 2.7557268281679976e-06,
+    2.480152106407653e-05, 0.00019841269863168478, 0.0013888888917363079,
+    0.008333333333330039, 0.04166666666662383, 0.16666666666666669, 0.5000000000000001))
 _NLOW8, _SLOW8 = _f8(-512.0), _f8(2.0 ** -512)
 # exp(-760) is 0 in float64, exp(710) inf; n stays within [-1097, 1024].
 _LO8, _HI8 = _f8(-760.0), _f8(710.0)
