@@ -222,23 +222,34 @@ def test_fma_rounds_once(dtype):
     assert np.count_nonzero(a * b + c != got) > n // 4             # two roundings differ
 
 
-def test_pow2_shifted_uses_t_low_bits():
-    """vecmath.pow2_shifted(n + SHIFT, k) is 2**(n - k), compiled and as plain Python."""
+@pytest.mark.parametrize("scalef", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ldexp_shifted_rounds_once(dtype, scalef):
+    """vecmath.ldexp_shifted(y, n + SHIFT) is np.ldexp(y, n), subnormal and inf results
+    included, both ways it compiles (vscalef where AVX-512 has it, else two factors from
+    exponent bits) and as plain Python."""
     import numba
-    jit.vector_function("exp_f32")
-    p2 = vecmath.pow2_shifted
+    from tullio_py import intrinsics
+    op = intrinsics.ldexp_shifted(scalef)
+    if scalef and jit.vector_bytes() != 64:
+        pytest.skip("llvm.ldexp is a libm call per element without AVX-512")
 
     @numba.njit
-    def scale(t, k, out):
-        for i in range(t.shape[0]):
-            out[i] = p2(t[i], k)
-    for dtype, bits in ((np.float32, 23), (np.float64, 52)):
-        info = np.finfo(dtype)
-        for k in (-63, 0, 1, 20):
-            n = np.arange(info.minexp + k, info.maxexp + k)      # 2**(n - k) normal
-            t = (n + 1.5 * 2.0 ** bits).astype(dtype)
-            got = np.empty_like(t)
-            scale(t, k, got)
-            want = np.ldexp(dtype(1), n - k)
-            np.testing.assert_array_equal(got, want)
-            np.testing.assert_array_equal(np.array([p2(v, k) for v in t[::37]]), want[::37])
+    def scale(y, t, out):
+        for i in range(y.shape[0]):
+            out[i] = op(y[i], t[i])
+    info = np.finfo(dtype)
+    rng = np.random.default_rng(3)
+    lo, hi = info.minexp - info.nmant - 3, info.maxexp + 3
+    n = np.concatenate([np.arange(lo, hi), rng.integers(lo, hi, 2000)])
+    y = rng.uniform(0.5, 2.0, n.size).astype(dtype)
+    y[:7] = [0.5, 1.0, np.nextafter(dtype(2), dtype(0)), 0.75, 1.5, 1.25, np.nan]
+    t = (n + 1.5 * 2.0 ** info.nmant).astype(dtype)
+    got = np.empty_like(y)
+    scale(y, t, got)
+    with np.errstate(over="ignore", under="ignore"):
+        want = np.ldexp(y, n)
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(got).any() and (got == 0).any() and ((got > 0) & (got < info.tiny)).any()
+    py = np.array([vecmath.ldexp_shifted(a, b) for a, b in zip(y[::7], t[::7])], dtype)
+    np.testing.assert_array_equal(py, want[::7])

@@ -1,7 +1,7 @@
 """numba intrinsics and overloads the generated CPU kernels use (imported by jit.py, and by
 kernels, only once numba is wanted).
 
-`register()` makes vecmath's bit-level helpers (pow2, pow2_shifted, exponent, mantissa),
+`register()` makes vecmath's bit-level helpers (pow2, ldexp_shifted, exponent, mantissa),
 fused multiply-add and IEEE maximum/minimum compile to LLVM operations, and the vecmath
 functions callable from each other.  `wide_vectors()` marks the compiled function it is
 called in to use the widest vector registers of the machine (512-bit with AVX-512, which
@@ -18,11 +18,45 @@ _WIDE: list = []
 _SHIFTED: list = []
 
 
-def register():
+def ldexp_shifted(scalef: bool):
+    """The intrinsic for vecmath.ldexp_shifted(y, t): n = bits(t) - bits(SHIFT), then
+    llvm.ldexp(y, n) where `scalef` (one vscalef instruction with AVX-512; elsewhere LLVM would
+    call libm's ldexp per element), else y * 2**(n >> 1) * 2**(n - (n >> 1)), each factor
+    `(n + bias) << mantissa bits`."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    def codegen(context, builder, sig, args):
+        b, (y, t) = builder, args
+        width, mant, bias = (32, 23, 127) if sig.args[0].bitwidth == 32 else (64, 52, 1023)
+        ity = ir.IntType(width)
+        shift = ir.Constant(y.type, 1.5 * 2.0 ** mant).bitcast(ity)
+        n = b.sub(b.bitcast(t, ity), shift)
+        if scalef:
+            i32 = ir.IntType(32)
+            n = b.trunc(n, i32) if width > 32 else n
+            fty = ir.FunctionType(y.type, [y.type, i32])
+            return b.call(cgutils.get_or_insert_function(
+                b.module, fty, f"llvm.ldexp.f{width}.i32"), [y, n])
+        half = b.ashr(n, ir.Constant(ity, 1))
+        for k in (half, b.sub(n, half)):
+            factor = b.shl(b.add(k, ir.Constant(ity, bias)), ir.Constant(ity, mant))
+            y = b.fmul(y, b.bitcast(factor, y.type))
+        return y
+
+    @intrinsic
+    def ldexp_shifted(typingctx, y, t):
+        return (y(y, t), codegen) if isinstance(y, types.Float) and y == t else None
+    return ldexp_shifted
+
+
+def register(scalef: bool = False):
     """vecmath's pow2, exponent and mantissa in compiled code, as integer operations on the
     float's bits (IEEE layout: sign, exponent biased by `bias`, `mantissa` fraction bits),
     maximum and minimum as llvm.maximum/minimum, and the vecmath functions as callable from
-    each other.  Called once, before the first vecmath function compiles."""
+    each other.  Called once, before the first vecmath function compiles; `scalef`: the
+    target has AVX-512 (ldexp_shifted as vscalef)."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic, overload
@@ -90,19 +124,8 @@ def register():
         return (a(a, b, c), codegen) if isinstance(a, types.Float) and a == b == c else None
     overload(vecmath.fma)(lambda a, b, c: lambda a, b, c: fused(a, b, c))
 
-    @intrinsic
-    def shifted_pow2(typingctx, t, k):          # vecmath.pow2_shifted: integer operations
-        def codegen(context, builder, sig, args):
-            ity, mant, bias = layout(t)
-            b, c = builder, (lambda v: ir.Constant(ity, v))         # noqa: E731
-            kk = args[1]
-            kk = (b.trunc(kk, ity) if kk.type.width > ity.width
-                  else b.sext(kk, ity) if kk.type.width < ity.width else kk)
-            bits = b.shl(b.bitcast(args[0], ity), c(mant))
-            return b.bitcast(b.add(bits, b.shl(b.sub(c(bias), kk), c(mant))), args[0].type)
-        ok = isinstance(t, types.Float) and isinstance(k, types.Integer)
-        return (t(t, k), codegen) if ok else None
-    overload(vecmath.pow2_shifted)(lambda t, k: lambda t, k: shifted_pow2(t, k))
+    op = ldexp_shifted(scalef)
+    overload(vecmath.ldexp_shifted)(lambda y, t: lambda y, t: op(y, t))
 
     def callable_inside(fn):                    # vecmath functions call each other (tanh: exp)
         @overload(fn, jit_options={"error_model": "numpy", "fastmath": False})

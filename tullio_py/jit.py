@@ -199,7 +199,7 @@ def vector_function(name: str):
         with _VM_LOCK:                          # the overloads are registered once
             if not _VM:
                 from . import intrinsics
-                intrinsics.register()
+                intrinsics.register(scalef=vector_bytes() == 64)
             fn = _VM.get(name)
             if fn is None:
                 fn = _VM[name] = numba.njit(error_model="numpy",

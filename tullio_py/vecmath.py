@@ -7,16 +7,15 @@ no call).  exp: range reduction x = n*ln2 + r with n = round(x/ln2), rounded by 
 high and a low part (the high part has few significant bits, so n*hi is exact), a polynomial
 approximation of exp(r) on |r| <= ln2/2, and scaling by 2**n through the exponent bits.  The
 reduction and the polynomial's Horner steps are fused multiply-adds (`fma`, llvm.fma: one
-rounding each, where the order of operations is ours, not the compiler's).  2**n is one
-factor down to n = -64 (float32) / -512 (float64) and two below (a second multiply, which
-rounds a subnormal result once, as numpy does); x is first clamped to a range whose results
-are already 0 and inf, which overflow and underflow give without a test; the clamps let NaN
-through, and NaN stays NaN.  log and tanh: Cephes' approximations, see each.
+rounding each, where the order of operations is ours, not the compiler's).  The scaling,
+`ldexp_shifted`, rounds a subnormal result once, as numpy does; x is first clamped to a range
+whose results are already 0 and inf, which overflow and underflow give without a test; the
+clamps let NaN through, and NaN stays NaN.  log and tanh: Cephes' approximations, see each.
 
 Each function is written for one dtype: every constant has that dtype, so the compiled code
 computes in it throughout (a float64 constant would widen float32 arithmetic).  They run as
-plain Python too (slowly); jit.py compiles them, with `pow2` and `pow2_shifted` as
-exponent-bit arithmetic and `fma` as llvm.fma (intrinsics.py).
+plain Python too (slowly); jit.py compiles them, with `pow2` and `ldexp_shifted` as
+exponent-bit arithmetic (or vscalef) and `fma` as llvm.fma (intrinsics.py).
 Accuracy against correctly rounded results: tests/test_vecmath.py.
 """
 from __future__ import annotations
@@ -63,15 +62,18 @@ def fma(a, b, c):
         return t(v)
 
 
-def pow2_shifted(t, k):
-    """2.0**(n - k) in t's float dtype for t = n + SHIFT (SHIFT = 1.5 * 2**mantissa bits, so
-    that n, an integer, sits in t's low bits) and an integer k, with 2**(n - k) a normal float
-    (compiled: `(bits(t) << mantissa bits) + ((bias - k) << mantissa bits)`, t's high bits
-    shifted out; no conversion of t to an integer)."""
-    if t != t:
-        return t                                # (compiled: some float, and NaN * it is NaN)
+def ldexp_shifted(y, t):
+    """y * 2.0**n rounded once (to a subnormal, or to inf, as np.ldexp) in y's float dtype, for
+    a positive normal y and t = n + SHIFT (SHIFT = 1.5 * 2**mantissa bits, so that n, an
+    integer with |n| < 2**11, sits in t's low bits: no conversion of t to an integer); NaN
+    where y or t is NaN.  Compiled (intrinsics.py): n from t's bits, then llvm.ldexp, one
+    vscalef instruction, with AVX-512; else y * 2**(n//2) * 2**(n - n//2), each factor built
+    from exponent bits (the first multiply exact, the second rounding once)."""
+    if t != t or y != y:
+        return y + t
     shift = t.dtype.type(1.5 * 2.0 ** np.finfo(t.dtype).nmant)
-    return pow2(t - shift - k)
+    with np.errstate(over="ignore", under="ignore"):
+        return y.dtype.type(np.ldexp(y, int(t - shift)))
 
 
 _f4, _f8 = np.float32, np.float64
@@ -80,22 +82,18 @@ _f4, _f8 = np.float32, np.float64
 # and ln2 = C1 + C2 (C1 with 9 significant bits: n*C1 exact, and fma makes r = x - n*C1 exact
 # too); exp(r) = 1 + r + r**2 P(r), P of degree 4 fitted below, by fused multiply-adds, with
 # 1 + r split into its rounded sum and that sum's error, so that only the last addition
-# rounds much.  Computed doubled (every coefficient times 2, exactly), y = 2 exp(r), so that
-# y * 2**(n - 1), one factor, reaches the overflow (n <= 128); below n = -64 a second factor
-# 2**-64 follows (y * 2**(n + 63) * 2**-64: the second multiply rounds a subnormal result
-# once; compiled, a masked multiply).
-_LOG2E4, _TWO4, _ZERO4 = _f4(1.44269504088896341), _f4(2.0), _f4(0.0)
-_SHIFT4 = _f4(1.5 * 2 ** 23)
+# rounds much; then ldexp_shifted scales by 2**n, rounding a subnormal result once.
+_LOG2E4, _ZERO4 = _f4(1.44269504088896341), _f4(0.0)
+_SHIFT4, _ONE4 = _f4(1.5 * 2 ** 23), _f4(1.0)
 _C1_4, _C2_4 = _f4(0.693359375), _f4(-2.12194440e-4)
 # P: (exp(r) - 1 - r) / r**2 interpolated at 5 Chebyshev nodes of |r| <= ln2/2 (relative
-# error of 1 + r + r**2 P(r) 1.0e-8 with these float32 coefficients), times 2.
-_P4 = tuple(_f4(2 * c) for c in (
+# error of 1 + r + r**2 P(r) 1.0e-8 with these float32 coefficients).
+_P4 = tuple(_f4(c) for c in (
     0.0013926249230280519, 0.008363231085240841, 0.04166655242443085, 0.16666576266288757, 0.5))
-_NLOW4, _SLOW4 = _f4(-64.0), _f4(2.0 ** -64)
-# exp(-110) is 0 in float32, exp(89) inf; n stays within [-159, 128].  The clamps are written
-# so that NaN passes them (`LO if LO > x else x` is x for NaN: one max instruction on x86);
-# NaN then stays NaN to the end.
-_LO4, _HI4 = _f4(-110.0), _f4(89.0)
+# exp(-110) and exp(100) are 0 and inf in float32; n stays within [-159, 145].  The clamps
+# are written so that NaN passes them (`LO if LO > x else x` is x for NaN: one max
+# instruction on x86); NaN then stays NaN to the end.
+_LO4, _HI4 = _f4(-110.0), _f4(100.0)
 
 
 def exp_f32(x):
@@ -109,28 +107,23 @@ def exp_f32(x):
     r = fma(n, -_C2_4, r)
     z = r * r
     p = fma(fma(fma(fma(_P4[0], r, _P4[1]), r, _P4[2]), r, _P4[3]), r, _P4[4])
-    h = fma(r, _TWO4, _TWO4)                    # 2 + 2r = h + e exactly (|r| < 1)
-    e = fma(r, _TWO4, _TWO4 - h)
-    y = h + fma(p, z, e)
-    low = n < _NLOW4
-    y = y * pow2_shifted(t, -63 if low else 1)
-    return y * _SLOW4 if low else y
+    h = _ONE4 + r                               # 1 + r = h + e exactly (|r| < 1)
+    e = (_ONE4 - h) + r
+    return ldexp_shifted(h + fma(p, z, e), t)
 
 
 # float64: as float32, with Cephes' ln2 = C1 + C2 (C1 with 15 significant bits) and P of
-# degree 9 (relative error of 1 + r + r**2 P(r) 1.6e-17), no division; 2**-512 as the second
-# factor below n = -512.
+# degree 9 (relative error of 1 + r + r**2 P(r) 1.6e-17), no division.
 _LOG2E8, _HALF8, _ONE8, _TWO8 = _f8(1.4426950408889634073599), _f8(0.5), _f8(1.0), _f8(2.0)
 _SHIFT8, _ZERO8 = _f8(1.5 * 2 ** 52), _f8(0.0)
 _C1_8, _C2_8 = _f8(6.93145751953125e-1), _f8(1.42860682030941723212e-6)
-# P: (exp(r) - 1 - r) / r**2 interpolated at 10 Chebyshev nodes of |r| <= ln2/2, times 2.
-_P8 = tuple(_f8(2 * c) for c in (
+# P: (exp(r) - 1 - r) / r**2 interpolated at 10 Chebyshev nodes of |r| <= ln2/2.
+_P8 = tuple(_f8(c) for c in (
     2.5100470238808523e-08, 2.762019864323475e-07, 2.7557268281679976e-06,
     2.480152106407653e-05, 0.00019841269863168478, 0.0013888888917363079,
     0.008333333333330039, 0.04166666666662383, 0.16666666666666669, 0.5000000000000001))
-_NLOW8, _SLOW8 = _f8(-512.0), _f8(2.0 ** -512)
-# exp(-760) is 0 in float64, exp(710) inf; n stays within [-1097, 1024].
-_LO8, _HI8 = _f8(-760.0), _f8(710.0)
+# exp(-760) and exp(720) are 0 and inf in float64; n stays within [-1097, 1039].
+_LO8, _HI8 = _f8(-760.0), _f8(720.0)
 
 
 def exp_f64(x):
@@ -145,19 +138,16 @@ def exp_f64(x):
     z = r * r
     p = fma(fma(fma(fma(_P8[0], r, _P8[1]), r, _P8[2]), r, _P8[3]), r, _P8[4])
     p = fma(fma(fma(fma(fma(p, r, _P8[5]), r, _P8[6]), r, _P8[7]), r, _P8[8]), r, _P8[9])
-    h = fma(r, _TWO8, _TWO8)
-    e = fma(r, _TWO8, _TWO8 - h)
-    y = h + fma(p, z, e)
-    low = n < _NLOW8
-    y = y * pow2_shifted(t, -511 if low else 1)
-    return y * _SLOW8 if low else y
+    h = _ONE8 + r
+    e = (_ONE8 - h) + r
+    return ldexp_shifted(h + fma(p, z, e), t)
 
 
 # log: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log(x) = log1p(f) + e*ln2 with f = m - 1
 # (exact), log1p(f) = f - f**2/2 + f**3 R(f); e*ln2 in the parts of exp's ln2 (C1 * e exact).
 # Subnormal x is first scaled into the normal range; x <= 0, inf and NaN are selected.
 _SQRT2_4, _NAN4, _INF4 = _f4(1.41421356237309504880), _f4(np.nan), _f4(np.inf)
-_HALF4, _ONE4 = _f4(0.5), _f4(1.0)
+_HALF4, _TWO4 = _f4(0.5), _f4(2.0)
 _TINY4, _SCALE4, _K4 = _f4(np.finfo(np.float32).tiny), _f4(2.0 ** 25), _f4(25.0)
 _L0_4, _L1_4, _L2_4 = _f4(7.0376836292e-2), _f4(-1.1514610310e-1), _f4(1.1676998740e-1)
 _L3_4, _L4_4, _L5_4 = _f4(-1.2420140846e-1), _f4(1.4249322787e-1), _f4(-1.6668057665e-1)
