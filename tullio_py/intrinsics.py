@@ -34,11 +34,9 @@ def ldexp_shifted(scalef: bool):
         shift = ir.Constant(y.type, 1.5 * 2.0 ** mant).bitcast(ity)
         n = b.sub(b.bitcast(t, ity), shift)
         if scalef:
-            i32 = ir.IntType(32)
-            n = b.trunc(n, i32) if width > 32 else n
-            fty = ir.FunctionType(y.type, [y.type, i32])
+            fty = ir.FunctionType(y.type, [y.type, ity])
             return b.call(cgutils.get_or_insert_function(
-                b.module, fty, f"llvm.ldexp.f{width}.i32"), [y, n])
+                b.module, fty, f"llvm.ldexp.f{width}.i{width}"), [y, n])
         half = b.ashr(n, ir.Constant(ity, 1))
         for k in (half, b.sub(n, half)):
             factor = b.shl(b.add(k, ir.Constant(ity, bias)), ir.Constant(ity, mant))
