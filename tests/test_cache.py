@@ -317,3 +317,24 @@ def test_generated_text_does_not_depend_on_the_hash_seed():
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert len(runs[0]) >= 3
     assert runs[0] == runs[1] == runs[2]
+
+
+def test_compile_counts_survive_the_memory_bound_and_clear_cache(tmp_path, monkeypatch):
+    """jit.stats counts over the process: a function the in-memory bound or clear_cache()
+    drops keeps its compiles and disk loads in the totals (they went down by one when the
+    bound dropped a function between two snapshots)."""
+    _fresh(monkeypatch, tmp_path)
+    A = np.arange(6.0).reshape(2, 3)
+    kern = kernel("s[i] := A[i,j] * 4.0", threads=False)
+    before = jit.stats.snapshot()
+    kern(A=A)
+    counted = jit.stats.compiles + jit.stats.disk_hits
+    assert counted == before["compiles"] + before["disk_hits"] + 1
+    monkeypatch.setattr(jit._LOADED, "maxsize", 1)
+    np.testing.assert_allclose(kernel("s[i] := A[i,j] * 5.0", threads=False)(A=A),
+                               A.sum(1) * 5)       # the bound drops every other function
+    assert len(jit._LOADED) == 1
+    assert jit.stats.compiles + jit.stats.disk_hits == counted + 1
+    tullio_py.clear_cache()
+    assert len(jit._LOADED) == 0
+    assert jit.stats.compiles + jit.stats.disk_hits == counted + 1

@@ -70,14 +70,27 @@ class CompileStats:
 
     def __init__(self, loaded: dict):
         self.loaded = loaded
+        self.retired = [0, 0]       # the counts of functions `loaded` no longer holds
+
+    def retire(self, fn) -> None:
+        """`fn` leaves `loaded` (its bound, clear_cache()): its counts stay in the totals."""
+        hits, misses = self._counts(fn)
+        self.retired[0] += hits
+        self.retired[1] += misses
+
+    @staticmethod
+    def _counts(fn):
+        st = getattr(fn, "stats", None)
+        if st is None:
+            return 0, 0
+        return sum(st.cache_hits.values()), sum(st.cache_misses.values())
 
     def _numba_counts(self):
-        hits = misses = 0
+        hits, misses = self.retired
         for fn in list(self.loaded.values()):
-            st = getattr(fn, "stats", None)
-            if st is not None:
-                hits += sum(st.cache_hits.values())
-                misses += sum(st.cache_misses.values())
+            h, m = self._counts(fn)
+            hits += h
+            misses += m
         return hits, misses
 
     @property

@@ -29,7 +29,8 @@ _HEADERS = {
     "cpu": "import numpy as _np\nfrom numba import prange as _prange\n",
     "python": "import numpy as _np\n_prange = range\n",
 }
-_LOADED = memo.Memo("jit.loaded", 1024)     # module text -> compiled function
+# module text -> compiled function; a dropped function's counts stay in `stats`
+_LOADED = memo.Memo("jit.loaded", 1024, on_drop=lambda fn: stats.retire(fn))
 _NUMBA_OPTIONS = dict(error_model="numpy")
 
 

@@ -34,23 +34,27 @@ def lru(maxsize: int):
 
 
 class Memo(dict):
-    """A dict that keeps at most `maxsize` entries (oldest inserted dropped first)."""
+    """A dict that keeps at most `maxsize` entries (oldest inserted dropped first).
+    `on_drop(value)`, if given, is called for each value the bound or clear_all() drops."""
 
-    def __init__(self, name: str, maxsize: int):
+    def __init__(self, name: str, maxsize: int, on_drop=None):
         super().__init__()
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
         self.name = name
         self.maxsize = maxsize
+        self.on_drop = on_drop
         _REGISTRY.add(self)
 
     def __setitem__(self, key, value):
         if key not in self:
             while len(self) >= self.maxsize:
                 try:      # another thread may drop the same oldest entry: pop with a default
-                    self.pop(next(iter(self)), None)
+                    dropped = self.pop(next(iter(self)), None)
                 except (StopIteration, RuntimeError):
                     break
+                if dropped is not None and self.on_drop is not None:
+                    self.on_drop(dropped)
         super().__setitem__(key, value)
 
     def setdefault(self, key, default=None):
@@ -74,7 +78,10 @@ def clear_all() -> int:
     dropped = 0
     for m in list(_REGISTRY):
         dropped += len(m)
+        values = list(m.values()) if m.on_drop is not None else ()
         dict.clear(m)
+        for v in values:
+            m.on_drop(v)
     for fn in _FUNCTIONS:
         dropped += fn.cache_info().currsize
         fn.cache_clear()
