@@ -209,8 +209,7 @@ NOT_CACHES = {
                     "first entry also marks numba's pow2 overload as registered, once)",
     ("jit", "_VECMATH_HASH"): "the hash of vecmath.py and intrinsics.py, a constant of the process",
     ("jit", "_VECTOR_BYTES"): "the machine's vector register width, a constant of the process",
-    ("intrinsics", "_WIDE"): "the wide_vectors intrinsic, defined on first use",
-    ("intrinsics", "_SHIFTED"): "the shifted_rows intrinsic, defined on first use",
+    ("intrinsics", "_MADE"): "the wide_vectors and shifted_rows intrinsics, made on first use",
 }
 
 

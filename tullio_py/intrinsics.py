@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from . import vecmath
 
-_WIDE: list = []
-_SHIFTED: list = []
+_MADE: dict = {}        # the intrinsics made on first use (module __getattr__), by name
 
 
 def ldexp_shifted(scalef: bool):
@@ -147,28 +146,30 @@ def prefer_wide(function) -> bool:
 
 
 def __getattr__(name: str):
-    """`wide_vectors`: a no-op intrinsic; the compiled function that calls it prefers 512-bit
-    vectors (LLVM's "prefer-vector-width" function attribute, which llvmlite's attribute set
-    does not list, so it is added to the set as text).  Made on first use."""
-    if name == "shifted_rows":
-        if not _SHIFTED:
-            _SHIFTED.append(_shifted_rows())
-        return _SHIFTED[0]
-    if name != "wide_vectors":
+    """`wide_vectors` and `shifted_rows`, made on first use (they need numba)."""
+    maker = {"wide_vectors": _wide_vectors, "shifted_rows": _shifted_rows}.get(name)
+    if maker is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if not _WIDE:
-        from numba.core import types
-        from numba.extending import intrinsic
+    if name not in _MADE:
+        _MADE[name] = maker()
+    return _MADE[name]
 
-        def codegen(context, builder, sig, args):
-            prefer_wide(builder.function)
-            return context.get_dummy_value()
 
-        @intrinsic
-        def wide_vectors(typingctx):
-            return types.none(), codegen
-        _WIDE.append(wide_vectors)
-    return _WIDE[0]
+def _wide_vectors():
+    """`wide_vectors()`: a no-op intrinsic; the compiled function that calls it prefers 512-bit
+    vectors (LLVM's "prefer-vector-width" function attribute, which llvmlite's attribute set
+    does not list, so it is added to the set as text)."""
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    def codegen(context, builder, sig, args):
+        prefer_wide(builder.function)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def wide_vectors(typingctx):
+        return types.none(), codegen
+    return wide_vectors
 
 
 def _shifted_rows():
