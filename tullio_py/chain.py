@@ -41,7 +41,7 @@ from . import vjp_rows
 from . import tape as _tape
 from .errors import ArgumentError, GradientError
 from .options import Options
-from .vjp_plan import Statement, Step, arrays_of, frozen_ranges, standin
+from .vjp_plan import Statement, Step, absent, arrays_of, frozen_ranges, standin
 
 # Consecutive statements sharing a row index run as one pass over blocks of rows (forward),
 # each block's rows of the arrays they touch about BLOCK_BYTES: half a core's L2 cache here
@@ -162,7 +162,7 @@ class Chain:
                 s, (shape, dtype, fill) = statements[k], fills[k]
                 named.update(arrays_of(s, _scalars(ns, self.spec.scalars), {}, run=True))
                 if s.output in f.local:
-                    ns[s.output] = np.broadcast_to(np.zeros((), dtype), shape)
+                    ns[s.output] = absent(shape, dtype)
                     continue
                 if temps is None or s.output == self.spec.result:
                     out = np.empty(shape, dtype)

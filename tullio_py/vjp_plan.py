@@ -318,6 +318,12 @@ def spread(a: Array, v):
         0 if d in dims else st for d, st in enumerate(view.strides)))
 
 
+def absent(shape, dtype) -> np.ndarray:
+    """A zero-stride array of this shape and dtype (one zero): what the arrays of a run hold
+    for an array that is never allocated whole (a block-local one, vjp_rows.block_local)."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
+
+
 def standin(shape, dtype) -> np.ndarray:
     """A C-contiguous array of this shape and dtype backed by one element: what planning
     looks at (shape, dtype, strides) of an array the run will allocate; never read."""

@@ -116,7 +116,6 @@ def _row_member(step: Step, statements, kernels, values: dict, params: dict):
     return [p.equation for p in plans], rng, source, tuple(keys), consts, outputs
 
 
-
 def block_local(step: Step, statements, names) -> tuple[str, ...]:
     """The arrays among `names` that may live in blocks of "rows" step `step`
     (codegen/rows.py's localize): no statement outside the step touches them, the first

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit, schedule, vjp_rows
-from .vjp_plan import VjpPlan, arrays_of, spread
+from .vjp_plan import VjpPlan, absent, arrays_of, spread
 
 
 def run(plan: VjpPlan, frontend, ns: dict) -> dict:
@@ -51,16 +51,15 @@ class Host:
         boxes of elements its statement never writes; a zero-stride stand-in for an array
         that lives in blocks of a row group (vjp_rows.block_local)."""
         if a.local:
-            return np.broadcast_to(np.zeros((), a.dtype), a.shape)
-        if a.name in self.temporary:
+            return absent(a.shape, a.dtype)
+        scratch = a.name in self.temporary
+        if not a.written:
+            if not scratch:
+                return np.zeros(a.shape, a.dtype)
             out = self.scratch.empty(a.shape, a.dtype)
-            if not a.written:
-                out.fill(0)
-                return out
-        elif not a.written:
-            return np.zeros(a.shape, a.dtype)
-        else:
-            out = self.empty(a.shape, a.dtype)
+            out.fill(0)
+            return out
+        out = (self.scratch.empty if scratch else self.empty)(a.shape, a.dtype)
         for box in a.zero:
             out[tuple(slice(lo, hi) for lo, hi in box)] = 0
         return out
