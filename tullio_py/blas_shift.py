@@ -82,6 +82,14 @@ class Shifted:
         self.read_names = tuple(dict.fromkeys(a.array for a in reads))  # what plans depend on
 
     # ------------------------------------------------------------------ per call
+    def factor(self, arrays: dict):
+        """The statement's scale factors multiplied, negated for `-=`: what each step's
+        product is multiplied by before it is added into the output."""
+        scale = 1
+        for s in self.scale:
+            scale = scale * (arrays[s] if isinstance(s, str) else s)
+        return -scale if self.eq.assign == "-=" else scale
+
     def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1,
              blocked=None):
         """The plan for this call signature, or None (the loops run it).  `loop_threads`: the

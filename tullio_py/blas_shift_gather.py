@@ -179,11 +179,7 @@ def run(p: GatherPlan, sh, arrays: dict, out: np.ndarray, groups: int = 1,
     kn = [s.names[0] for s in kacc.indices]
     kv = karr[tuple(slice(start[x], start[x] + size[x]) for x in kn)]
     kv = kv.transpose([kn.index(x) for x in korder])
-    scale = 1
-    for s in sh.scale:
-        scale = scale * (arrays[s] if isinstance(s, str) else s)
-    if sh.eq.assign == "-=":
-        scale = -scale
+    scale = sh.factor(arrays)
     m, g, n = p.res_shape[1], p.group, p.res_shape[2]
     kmat = np.multiply(kv, scale, dtype=out.dtype, casting="unsafe").reshape(m, -1)
     # col's axes and their element strides; the copy's destination (batch, summed, kernel,

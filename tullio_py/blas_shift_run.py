@@ -69,11 +69,7 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
     mo = _master(out, p.views[2], True)
     if zero_first:
         mo[...] = 0
-    scale = 1
-    for s in sh.scale:
-        scale = scale * (arrays[s] if isinstance(s, str) else s)
-    if eq.assign == "-=":
-        scale = -scale
+    scale = sh.factor(arrays)
     g = step_groups(p, groups)
     gemm = getattr(gemms, "f", None)
     if g < 2 or gemm is not None:
