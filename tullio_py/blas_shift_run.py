@@ -62,7 +62,6 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
         gemm = getattr(gemms, "f", None)
         return gather.run(p, sh, arrays, out, groups, threads, gemm,
                           getattr(gemms, "copy", None) if gemm is not None else None)
-    eq = sh.eq
     a0, a1 = (arrays[a.array] for a in sh.reads)
     # (writeable where the array is: a frontend's gemm may want writeable views; never written)
     masters = (_master(a0, p.views[0], True), _master(a1, p.views[1], True))
