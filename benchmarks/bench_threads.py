@@ -7,8 +7,8 @@ The step: token mixing by attention written as two tullio_py expressions (blas=F
 compiled loops run, not BLAS), torch's Linear layers and softmax around them (torch's own thread
 pool), forward + backward.  torch.set_num_threads(t) sets the thread count; tullio_py's torch
 frontend gives its kernels the same count.  Each configuration runs in a fresh process whose
-NUMBA_THREADING_LAYER picks the layer ("omp" is what numba chose before tullio_py loaded TBB
-itself); "passive" rows add OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep at once instead of
+NUMBA_THREADING_LAYER picks the layer ("omp", tullio_py's own choice when torch is imported
+first, runs the kernels on torch's OpenMP pool); "passive" rows add OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep at once instead of
 spinning after a parallel region).  "kernels" rows time the same two kernels and their vjps on
 numpy arrays without any torch op, which separates numba's pool from torch's.  "loaded": a
 second process runs a 2-thread numpy matmul loop on the same cores during the measurement.

@@ -178,3 +178,59 @@ def test_torch_thread_count_is_the_budget():
     finally:
         jit.set_threads = real
         torch.set_num_threads(before)
+
+
+JOIN = """
+import ctypes
+import torch
+from concurrent.futures import ThreadPoolExecutor
+scope = ctypes.CDLL(None)
+torch.set_num_threads(2)
+torch.exp(torch.rand(1 << 20))              # torch's pool has its worker now
+tasks = len(os.listdir("/proc/self/task"))
+torch.set_num_threads(1)
+levels = scope.omp_get_max_active_levels()
+check(1, large=True)                        # numba's pool starts here
+after_start = (torch.get_num_threads(), scope.omp_get_max_active_levels() == levels)
+torch.set_num_threads(2)
+check(2, large=True)
+grown = len(os.listdir("/proc/self/task")) - tasks
+with ThreadPoolExecutor(3) as ex:           # several Python threads, each its own team
+    sums = list(ex.map(lambda s: check(s, large=True), range(10, 22)))
+print(json.dumps({"layer": jit.threading_layer(), "after_start": after_start,
+                  "grown": grown, "calls": len(sums)}))
+"""
+
+
+def test_kernels_join_torchs_openmp_pool(tmp_path):
+    """Imported after torch, tullio_py runs its parallel kernels on torch's OpenMP runtime:
+    numba's omp layer, a 2-thread call starts no thread beyond torch's pool (numba's TBB
+    pool would add its workers), Python threads calling kernels at once get right results,
+    and torch's thread count and nesting depth stay as the user set them."""
+    pytest.importorskip("torch")
+    out = _run(tmp_path, JOIN)
+    assert out["layer"] == "omp"
+    assert out["after_start"] == [1, True]
+    assert out["calls"] == 12
+    assert out["grown"] == 0, out
+
+
+def test_forked_child_of_a_torch_process_runs_serial_copies(tmp_path):
+    """A fork after kernels ran on torch's GNU OpenMP pool: the child's kernels run as serial
+    copies (entering that pool would terminate the child) and give the right result."""
+    pytest.importorskip("torch")
+    body = FORK.format(setup="", method="fork")
+    out = _run(tmp_path, "import torch\n" + body)
+    assert out["layer"] == "omp"
+
+
+def test_openmp_runtime_is_seen_only_once_loaded():
+    """openmp_lib.loaded() finds no runtime in a plain process and torch's once imported."""
+    pytest.importorskip("torch")
+    code = ("import sys; from tullio_py import openmp_lib; a = openmp_lib.loaded() is None; "
+            "import torch; print(a, openmp_lib.loaded() is None)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "False"]

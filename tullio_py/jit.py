@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from . import cache, cpu_load, memo, tbb_lib, vecmath
+from . import cache, cpu_load, memo, openmp_lib, tbb_lib, vecmath
 from .codegen import Source
 
 _ND = np.ndarray
@@ -245,7 +245,11 @@ stats = cache.CompileStats(_LOADED)   # numba's counters over the loaded kernels
 # ----------------------------------------------------------------------------- threads
 # The threading layer (numba's thread pool) is chosen once per process, before numba starts
 # its pool, the first time a parallel kernel is loaded:
-# - "tbb" when the TBB library loads (tbb_lib.py: the `tbb` wheel's, by its path): safe from
+# - "omp" when the process already has an OpenMP runtime in its global symbol scope (torch's,
+#   once torch is imported): numba's omp layer then runs on that runtime's threads, one pool
+#   with torch's instead of two competing for the cores (openmp_lib.py).  GNU OpenMP kills a
+#   forked child that enters its pool, so such children run serial copies (below).
+# - else "tbb" when the TBB library loads (tbb_lib.py: the `tbb` wheel's, by its path): safe from
 #   many Python threads at once and in forked children.
 # - otherwise "workqueue" (fork-safe), with a lock so that two Python threads never run a
 #   parallel kernel at once (workqueue aborts the process on concurrent use).
@@ -281,11 +285,19 @@ def _choose_layer():
         try:
             layer = numba.threading_layer()          # numba's pool already runs: keep it
         except ValueError:
-            tbb = _load_tbb()
-            if "NUMBA_THREADING_LAYER" not in os.environ \
-                    and str(numba.config.THREADING_LAYER).lower() == "default":
-                numba.config.THREADING_LAYER = "tbb" if tbb else "workqueue"
-            numba.get_num_threads()                  # starts the pool on the chosen layer
+            chosen = "NUMBA_THREADING_LAYER" in os.environ \
+                or str(numba.config.THREADING_LAYER).lower() != "default"
+            scope = openmp_lib.loaded()
+            if not chosen:
+                if scope is not None and _omppool_loads():
+                    numba.config.THREADING_LAYER = "omp"     # join torch's pool
+                else:
+                    scope = None
+                    numba.config.THREADING_LAYER = "tbb" if _load_tbb() else "workqueue"
+            else:
+                _load_tbb()             # for a user's "tbb" (or "safe"/"threadsafe")
+            with openmp_lib.keep(scope):
+                numba.get_num_threads()              # starts the pool on the chosen layer
             layer = numba.threading_layer()
         if layer == "workqueue":
             _lock = threading.RLock()
@@ -320,6 +332,16 @@ def _load_tbb() -> bool:
         return False
     try:
         from numba.np.ufunc import tbbpool  # noqa: F401  (its dependency resolves now)
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def _omppool_loads() -> bool:
+    """Whether numba's omp layer extension loads (it needs a libgomp.so.1.0.0 of its own to
+    resolve its dependency, even where its symbols then bind to an earlier runtime)."""
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401
     except (ImportError, OSError):
         return False
     return True
