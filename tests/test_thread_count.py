@@ -180,3 +180,31 @@ def test_numpys_blas_runs_on_one_thread_under_torch(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert _openblas_threads() == outside
+
+
+@pytest.mark.skipif(jit.max_threads() < 2, reason="one thread only: nothing to share")
+def test_a_caller_entering_while_another_runs_gets_its_share():
+    """Where each Python thread brings its own team (numba's omp layer), a caller that enters a
+    parallel kernel while another Python thread is inside one runs on half the CPUs; a caller
+    alone on all of them."""
+    import threading
+    import numba
+    jit.threading_layer()                    # the pool runs
+    seen, inside, release = {}, threading.Event(), threading.Event()
+
+    def first():
+        seen["first"] = numba.get_num_threads()
+        inside.set()
+        assert release.wait(30)
+
+    def second():
+        seen["second"] = numba.get_num_threads()
+
+    t = threading.Thread(target=jit._call_sharing, args=(first, (), None))
+    t.start()
+    assert inside.wait(30)
+    jit._call_sharing(second, (), None)
+    release.set()
+    t.join()
+    assert seen == {"first": jit.max_threads(), "second": jit.max_threads() // 2}
+    assert jit._inside == 0
