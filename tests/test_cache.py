@@ -193,7 +193,7 @@ def test_size_bound_removes_least_recently_used(tmp_path, monkeypatch):
 LOAD_SCRIPT = r"""
 import json, sys
 import numpy as np
-from tullio_py import kernel, jit
+from tullio_py import kernel, jit, threads
 rng = np.random.default_rng(0)
 A, B = rng.random((4, 3)), rng.random((3, 5))
 x = rng.random(300000)
@@ -202,7 +202,7 @@ p = kernel("y[i] := exp(x[i]) * 2 + x[i]", threads=True)
 ok = bool(np.allclose(k(A=A, B=B), A @ B))
 from numba.core.runtime import rtsys
 nrt_serial = rtsys._init        # the serial loops allocate nothing: compiled without NRT
-pool_serial = jit._layer        # nor do they need numba's thread pool
+pool_serial = threads._layer        # nor do they need numba's thread pool
 ok = ok and bool(np.allclose(p(x=x), np.exp(x) * 2 + x))
 res = {"ok": ok, "parallel": p.last.source.parallel, "nrt_serial": nrt_serial,
        "pool_serial": pool_serial,

@@ -4,7 +4,7 @@ the thread count changes no result."""
 import numpy as np
 import pytest
 
-from tullio_py import cpu_load, jit, kernel, schedule
+from tullio_py import cpu_load, jit, kernel, schedule, threads
 
 
 @pytest.mark.parametrize("cpus,running,own,free", [(2, 1, 0, 2), (2, 2, 0, 1), (2, 9, 0, 1),
@@ -98,8 +98,8 @@ def test_kernel_threads_follow_the_load(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     A, B = rng.standard_normal((30, 20)), rng.standard_normal((20, 25))
     k = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False, threads=2)
-    seen, real = [], jit.set_threads
-    monkeypatch.setattr(jit, "set_threads", lambda n: (seen.append(n), real(n))[1])
+    seen, real = [], threads.set_threads
+    monkeypatch.setattr(threads, "set_threads", lambda n: (seen.append(n), real(n))[1])
     outs = {}
     for running, want in ((3, 1), (1, 2), (2, 1)):
         f.write_text(f"1.0 1.0 1.0 {running}/100 5\n")
@@ -134,8 +134,8 @@ def test_torchs_own_workers_are_not_counted(tmp_path, monkeypatch):
     rng = np.random.default_rng(1)
     A, B = rng.standard_normal((30, 20)), rng.standard_normal((20, 25))
     k = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False, threads=2)
-    seen, real, before = [], jit.set_threads, torch.get_num_threads()
-    monkeypatch.setattr(jit, "set_threads", lambda n: (seen.append(n), real(n))[1])
+    seen, real, before = [], threads.set_threads, torch.get_num_threads()
+    monkeypatch.setattr(threads, "set_threads", lambda n: (seen.append(n), real(n))[1])
     torch.set_num_threads(2)
     try:
         for running, tensors, want in ((2, True, 2), (2, False, 1), (3, True, 1)):

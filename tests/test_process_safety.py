@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PRELUDE = """
 import json, os, sys
 import numpy as np
-from tullio_py import jit, kernel
+from tullio_py import jit, kernel, threads
 MM = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False)
 
 def check(seed, large):
@@ -35,7 +35,7 @@ def check(seed, large):
     return float(C.sum())
 
 def no_tbb():
-    jit._load_tbb = lambda: False     # as where the TBB library is not installed
+    threads._load_tbb = lambda: False     # as where the TBB library is not installed
 """
 
 
@@ -128,8 +128,8 @@ def test_child_process_after_use(tmp_path, method, case):
 NUM_THREADS = """
 import numba
 seen = []
-real = jit.set_threads
-jit.set_threads = lambda n: (seen.append(n), real(n))[1]
+real = threads.set_threads
+threads.set_threads = lambda n: (seen.append(n), real(n))[1]
 check(1, large=True)
 MM2 = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False, threads=2)
 rng = np.random.default_rng(5)
@@ -155,14 +155,14 @@ def test_user_num_threads_and_layer_respected(tmp_path):
 def test_torch_thread_count_is_the_budget():
     """Through the torch frontend a kernel runs on at most torch.get_num_threads() threads."""
     torch = pytest.importorskip("torch")
-    from tullio_py import jit, kernel
+    from tullio_py import jit, kernel, threads
     # index names of its own: a Kernel plans its loops at its first call, and other test
     # modules check the plan of the usual matmul kernel
     mm = kernel("C[p,r] := A[p,q] * B[q,r]", blas=False)
     rng = np.random.default_rng(11)
     A, B = rng.standard_normal((64, 48)), rng.standard_normal((48, 40))
-    seen, real, before = [], jit.set_threads, torch.get_num_threads()
-    jit.set_threads = lambda n: (seen.append(n), real(n))[1]
+    seen, real, before = [], threads.set_threads, torch.get_num_threads()
+    threads.set_threads = lambda n: (seen.append(n), real(n))[1]
     try:
         for t in (1, 2):
             torch.set_num_threads(t)
@@ -176,7 +176,7 @@ def test_torch_thread_count_is_the_budget():
         mm(A=A, B=B)                     # numpy arrays: no budget, numba's own setting
         assert [n for n in seen if n is not None] == []
     finally:
-        jit.set_threads = real
+        threads.set_threads = real
         torch.set_num_threads(before)
 
 

@@ -113,15 +113,15 @@ def test_threaded_equals_serial_and_reference(expr, build, opts, form):
 
 
 def _threads_used(k, arrays):
-    """The thread counts a call asks numba for (by watching jit.set_threads)."""
-    from tullio_py import jit
-    seen, real = [], jit.set_threads
-    jit.set_threads = lambda n: (seen.append(n), real(n))[1]
+    """The thread counts a call asks numba for (by watching threads.set_threads)."""
+    from tullio_py import threads
+    seen, real = [], threads.set_threads
+    threads.set_threads = lambda n: (seen.append(n), real(n))[1]
     try:
         k._calls.entries.clear()       # go through the full call path, not a stored entry
         k(**{n: v for n, v in arrays.items() if n != k.equation.output or k.equation.assign != ":="})
     finally:
-        jit.set_threads = real
+        threads.set_threads = real
     return [n for n in seen if n is not None]
 
 

@@ -7,7 +7,7 @@ machine's thread count whatever `threads` a call asks for.  Each statement is ch
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas_shift, jit, kernel
+from tullio_py import Kernel, blas_shift, jit, kernel, threads
 
 R = np.random.default_rng(5)
 
@@ -200,11 +200,11 @@ def test_a_caller_entering_while_another_runs_gets_its_share():
     def second():
         seen["second"] = numba.get_num_threads()
 
-    t = threading.Thread(target=jit._call_sharing, args=(first, (), None))
+    t = threading.Thread(target=threads._call_sharing, args=(first, (), None))
     t.start()
     assert inside.wait(30)
-    jit._call_sharing(second, (), None)
+    threads._call_sharing(second, (), None)
     release.set()
     t.join()
     assert seen == {"first": jit.max_threads(), "second": jit.max_threads() // 2}
-    assert jit._inside == 0
+    assert threads._inside == 0

@@ -124,9 +124,10 @@ def _lane_loop_has_checks(plan: Plan) -> bool:
 
 def _lanes(nest: Nest, k: int):
     """A reduction over a contiguous loop with LANES independent accumulators, which the
-    compiler can turn into vector instructions (a single chain cannot be vectorised, and a
-    float sum chain waits on every add).  The lanes are combined in a fixed order, so the
-    result does not depend on the number of threads."""
+    compiler can turn into vector instructions (a single chain cannot be vectorised).  The
+    lanes are combined in a fixed order, so the result does not depend on the number of
+    threads.  schedule.py asks for lanes for (max)/(min); a float sum is reassociated by the
+    compiler instead (SUM_FASTMATH), but a plan may still ask for lanes for a sum."""
     plan, out, x = nest.plan, nest.out, nest.x
     dtype = x.dtype
     v, L = plan.loops[k].index, plan.lanes
