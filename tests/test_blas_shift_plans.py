@@ -150,7 +150,7 @@ def test_products_into_shifted_windows_are_added_on_the_frontends_pool():
     _, shapes, out_shape = CASES["dx_nchw"]
     k, loops = KERNELS["dx_nchw"]
     arrays, eq, start, want, out, rng = _setup(k, loops, shapes, out_shape, "contiguous")
-    adding = []
+    adding, scattered = [], []
     for p in blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype, 2):
         added = []
 
@@ -163,7 +163,10 @@ def test_products_into_shifted_windows_are_added_on_the_frontends_pool():
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
         if True in added:
             adding.append(p.loop)
+        if p.scatter:                   # col2im of a batch of products, value by value
+            scattered.append(True in added)
     assert len(adding) > 1, adding
+    assert scattered and all(scattered), scattered
 
 
 def test_threaded_forward_and_gradients():

@@ -129,7 +129,7 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                 at = [slice(None)] * len(p.res_shape)
                 for ax, v in zip(p.scatter_axes, sv):
                     at[ax] = v
-                np.add(t, r[tuple(at)], out=t, casting="unsafe")
+                _store(copy, t, r[tuple(at)], True)
             continue
         t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
         if write:
