@@ -73,9 +73,18 @@ def _choose_layer():
             layer = numba.threading_layer()
         if layer == "workqueue":
             _lock = threading.RLock()
-        _set, _max = numba.set_num_threads, numba.config.NUMBA_NUM_THREADS
+        _set, _max = _setter(numba), numba.config.NUMBA_NUM_THREADS
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _layer = layer
+
+
+def _setter(numba):
+    """numba's per-thread thread count setter: the pool's own C function where numba exposes
+    it (numba.set_num_threads checks its argument in Python first, about 3 us a call, twice
+    per parallel call; set_threads passes only counts from 1 to NUMBA_NUM_THREADS)."""
+    from numba.np.ufunc import parallel
+    raw = getattr(parallel, "_set_num_threads", None)
+    return raw if callable(raw) else numba.set_num_threads
 
 
 def defer_blas_check():
@@ -212,7 +221,7 @@ def set_threads(n: int | None):
     """numba's thread count for parallel kernels this Python thread calls next (None: all)."""
     if _set is None:
         numba_module()
-    _set(n or _max)
+    _set(max(1, min(n or _max, _max)))
 
 
 def _serial(fn):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import bind as binding, blas, grad as grad_mod, schedule, vjp_written
+from . import bind as binding, blas, grad as grad_mod, memo, schedule, vjp_written
 from .codegen import Source, fused, range_argument
 from .ir import Access, Affine, Equation, IndexValue, map_expr, walk
 
@@ -320,8 +320,17 @@ def spread(a: Array, v):
 
 def absent(shape, dtype) -> np.ndarray:
     """A zero-stride array of this shape and dtype (one zero): what the arrays of a run hold
-    for an array that is never allocated whole (a block-local one, vjp_rows.block_local)."""
-    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
+    for an array that is never allocated whole (a block-local one, vjp_rows.block_local).
+    Read-only, so one per shape and dtype is kept (made again each call, it cost several
+    microseconds of a softmax chain's call)."""
+    key = (tuple(shape), np.dtype(dtype).str)
+    a = _ABSENT.get(key)
+    if a is None:
+        a = _ABSENT[key] = np.broadcast_to(np.zeros((), dtype), key[0])
+    return a
+
+
+_ABSENT = memo.Memo("vjp_plan.absent", 256)
 
 
 def standin(shape, dtype) -> np.ndarray:
