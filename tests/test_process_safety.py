@@ -234,3 +234,43 @@ def test_openmp_runtime_is_seen_only_once_loaded():
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["True", "False"]
+
+
+FORK_TWICE = """
+import torch
+import multiprocessing as mp
+
+def child(q):
+    before = jit.stats.snapshot()
+    got = check(7, large=True)
+    after = jit.stats.snapshot()
+    q.put((got, after["compiles"] - before["compiles"], after["disk_hits"] - before["disk_hits"]))
+
+if __name__ == "__main__":
+    check(1, large=True)
+    ctx = mp.get_context("fork")
+    runs = []
+    for _ in range(2):
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        p.join(200)
+        assert p.exitcode == 0, p.exitcode
+        runs.append(q.get(timeout=10))
+    print(json.dumps({"layer": jit.threading_layer(), "runs": runs}))
+"""
+
+
+def test_forked_children_load_the_serial_copy_from_the_disk_cache(tmp_path):
+    """Forked children of a process on torch's GNU OpenMP pool run serial copies of their
+    parallel kernels, which are kernels of their own in the disk cache: the first child
+    compiles its copy, the next one loads it (a DataLoader's workers are forked again at
+    every epoch)."""
+    pytest.importorskip("torch")
+    env = {"TULLIO_CACHE_DIR": str(tmp_path / "cache")}     # a cache of this test's own
+    out = _run(tmp_path, FORK_TWICE, env)
+    assert out["layer"] == "omp"
+    (first, c1, h1), (second, c2, h2) = out["runs"]
+    assert first == second
+    assert c1 >= 1, out            # the first child compiled the serial copy
+    assert c2 == 0 and h2 >= 1, out  # the second loaded it

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from . import cache, memo, vecmath
 from .codegen import Source
 # numba's threading layer and the thread count of a parallel call (re-exported for callers)
 from .threads import (defer_blas_check, numba_module, budgets, call, max_threads,  # noqa: F401
-                      set_threads, thread_budget, threading_layer)
+                      serial_maker, set_threads, thread_budget, threading_layer)
 
 _ND = np.ndarray
 
@@ -99,6 +100,8 @@ def load(source: Source, target: str, signature: str = ""):
                         cache=module is not None, **_options(source))(namespace[source.name])
         if module is not None:
             _load_without_registries(fn)
+        if source.parallel:
+            serial_maker(fn, lambda: load(replace(source, parallel=False), target, signature))
         _LOADED[text] = fn
     return fn
 

@@ -24,6 +24,7 @@ from . import cpu_load, memo, openmp_lib, tbb_lib
 # lock, and GNU OpenMP ("omp" on Linux), which kills a forked child that enters its pool, is
 # avoided in such children: their parallel kernels run as serial compilations of the same code.
 _SERIAL = memo.Memo("jit.serial", 256)      # parallel dispatcher -> its serial compilation
+_MAKERS = memo.Memo("threads.serial_makers", 1024)   # parallel dispatcher -> serial_maker's make
 _CHOOSING = threading.Lock()
 _layer: str | None = None   # the layer in use, once chosen
 _lock = None                # "workqueue": held while a parallel kernel runs
@@ -224,14 +225,26 @@ def set_threads(n: int | None):
     _set(max(1, min(n or _max, _max)))
 
 
+def serial_maker(fn, make):
+    """How a forked child of a GNU OpenMP process gets parallel function fn's serial copy:
+    `make()` (jit.load of the same source with parallel=False: a kernel of its own in the disk
+    cache, so only the first child that calls it compiles it)."""
+    _MAKERS[fn] = make
+
+
 def _serial(fn):
     s = _SERIAL.get(fn)
     if s is None:
-        import numba
-        options = {**fn.targetoptions, "parallel": False}     # the same flags, serial
-        options.pop("nopython", None)
-        defer_blas_check()
-        s = _SERIAL[fn] = numba.njit(**options)(fn.py_func)
+        make = _MAKERS.get(fn)
+        if make is not None:
+            s = make()
+        else:
+            import numba
+            options = {**fn.targetoptions, "parallel": False}     # the same flags, serial
+            options.pop("nopython", None)
+            defer_blas_check()
+            s = numba.njit(**options)(fn.py_func)
+        _SERIAL[fn] = s
     return s
 
 
