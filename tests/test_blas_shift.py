@@ -4,7 +4,7 @@ the call signature."""
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas_shift, kernel
+from tullio_py import Kernel, blas_shift, jit, kernel
 from tullio_py.frontends import numpy as numpy_frontend
 
 R = np.random.default_rng(7)
@@ -198,6 +198,8 @@ def test_explain_names_the_path_and_counts_the_work():
     loops = kernel(expr, blas=False).explain(**arrays)
     assert loops.path == "loops" and "order" in loops.detail and loops.flops == e.flops
     assert "blas_shift" in str(e)
+    if "parallel" in loops.detail:          # the pool its threads belong to (threads.pool)
+        assert jit.pool() in loops.threads and jit.pool().startswith("on ")
 
 
 def test_complex_and_diagonal_output_with_pad():

@@ -68,7 +68,8 @@ def work(t):
 with ThreadPoolExecutor(4) as ex:
     results = list(ex.map(work, range(4)))
 assert all(len(r) == 60 for r in results)
-print(json.dumps({{"layer": jit.threading_layer(), "calls": sum(map(len, results))}}))
+print(json.dumps({{"layer": jit.threading_layer(), "calls": sum(map(len, results)),
+                  "pool": jit.pool()}}))
 """
 
 
@@ -81,7 +82,7 @@ def test_four_python_threads(tmp_path, case):
     out = _run(tmp_path, THREADS.format(setup=setup), env)
     assert out["calls"] == 240
     if case == "default" and _tbb_installed():
-        assert out["layer"] == "tbb"
+        assert out["layer"] == "tbb" and out["pool"] == "on numba's TBB pool"
     elif case != "default":
         assert out["layer"] == "workqueue"
 
@@ -198,7 +199,7 @@ grown = len(os.listdir("/proc/self/task")) - tasks
 with ThreadPoolExecutor(3) as ex:           # several Python threads, each its own team
     sums = list(ex.map(lambda s: check(s, large=True), range(10, 22)))
 print(json.dumps({"layer": jit.threading_layer(), "after_start": after_start,
-                  "grown": grown, "calls": len(sums)}))
+                  "grown": grown, "calls": len(sums), "pool": jit.pool()}))
 """
 
 
@@ -209,7 +210,7 @@ def test_kernels_join_torchs_openmp_pool(tmp_path):
     and torch's thread count and nesting depth stay as the user set them."""
     pytest.importorskip("torch")
     out = _run(tmp_path, JOIN)
-    assert out["layer"] == "omp"
+    assert out["layer"] == "omp" and out["pool"] == "on torch's OpenMP pool"
     assert out["after_start"] == [1, True]
     assert out["calls"] == 12
     assert out["grown"] == 0, out

@@ -58,7 +58,8 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     n = schedule.thread_count(k.threads, jit.max_threads())
     threads = (f"{shared} Python threads, single-threaded gemms" if shared > 1 else
                "BLAS's own threads" if path != "loops" else
-               f"{n or jit.max_threads()} (numba prange)" if "parallel" in detail else "1")
+               f"{n or jit.max_threads()} (numba prange, {jit.pool()})"
+               if "parallel" in detail else "1")
     tuples = 1
     for r in rng.values():
         tuples *= len(r)

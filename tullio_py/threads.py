@@ -27,6 +27,7 @@ _SERIAL = memo.Memo("jit.serial", 256)      # parallel dispatcher -> its serial 
 _MAKERS = memo.Memo("threads.serial_makers", 1024)   # parallel dispatcher -> serial_maker's make
 _CHOOSING = threading.Lock()
 _layer: str | None = None   # the layer in use, once chosen
+_joined = False             # "omp" on the OpenMP runtime already loaded (torch's)
 _lock = None                # "workqueue": held while a parallel kernel runs
 _serial_only = False        # a forked child of a GNU OpenMP process
 _set = None                 # numba.set_num_threads, once the layer is chosen
@@ -50,7 +51,7 @@ def numba_module(parallel: bool = True):
 
 
 def _choose_layer():
-    global _layer, _lock, _set, _max
+    global _layer, _lock, _set, _max, _joined
     with _CHOOSING:
         if _layer is not None:
             return
@@ -72,6 +73,7 @@ def _choose_layer():
             with openmp_lib.keep(scope):
                 numba.get_num_threads()              # starts the pool on the chosen layer
             layer = numba.threading_layer()
+            _joined = layer == "omp" and scope is not None
         if layer == "workqueue":
             _lock = threading.RLock()
         _set, _max = _setter(numba), numba.config.NUMBA_NUM_THREADS
@@ -136,6 +138,17 @@ def _after_fork_in_child():
     if _layer == "omp":
         from numba.np.ufunc import omppool
         _serial_only = getattr(omppool, "openmp_vendor", "GNU") == "GNU"
+
+
+_NAMES = {"tbb": "TBB"}
+
+
+def pool() -> str:
+    """The thread pool parallel kernels run on, in words (Kernel.explain prints it)."""
+    numba_module()
+    if _layer == "omp":
+        return "on torch's OpenMP pool" if _joined else "on numba's OpenMP pool"
+    return f"on numba's {_NAMES.get(_layer, _layer)} pool"
 
 
 def threading_layer() -> str:
