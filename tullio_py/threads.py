@@ -195,18 +195,10 @@ def call(fn, args, parallel: bool, n: int | None):
     if lock is not None:
         lock.acquire()
     try:
-        if n is None:
-            fn(*args)
-        else:
-            set_threads(max(1, min(n, _max)))
-            try:
-                fn(*args)
-            finally:
-                set_threads(None)
+        _run(fn, args, n)
     finally:
         if lock is not None:
             lock.release()
-    cpu_load.machine.ran(min(n or _max, _max))
 
 
 def _call_sharing(fn, args, n: int | None):
@@ -217,18 +209,23 @@ def _call_sharing(fn, args, n: int | None):
         _inside += 1
         share = max(1, _max // _inside)
     try:
-        if n is None and share >= _max:         # alone, on numba's own setting
-            fn(*args)
-        else:
-            set_threads(min(n or _max, share, _max))
-            try:
-                fn(*args)
-            finally:
-                set_threads(None)
+        _run(fn, args, n if share >= _max else min(n or _max, share))
     finally:
         with _INSIDE:
             _inside -= 1
-    cpu_load.machine.ran(min(n or _max, share, _max))
+
+
+def _run(fn, args, n: int | None):
+    """fn(*args) on n threads (None: numba's own setting, untouched), then tells cpu_load."""
+    if n is None:
+        fn(*args)
+    else:
+        set_threads(max(1, min(n, _max)))
+        try:
+            fn(*args)
+        finally:
+            set_threads(None)
+    cpu_load.machine.ran(min(n or _max, _max))
 
 
 def set_threads(n: int | None):
