@@ -74,6 +74,12 @@ class Pool:
             self._idle.clear()
             self.held = 0
 
+    def after_fork(self) -> None:
+        """In a child forked while another thread held the lock: a fresh lock, and no idle
+        arrays (they are the parent's memory, copied on write)."""
+        self._lock = threading.Lock()
+        self.clear()
+
     def idle(self) -> list:
         """The idle arrays (for tests and inspection)."""
         with self._lock:
@@ -91,13 +97,5 @@ class Lease:
 
 pool = Pool()       # the process's pool (chain.py, chain_grad.py)
 
-
-def _after_fork_in_child():
-    """A child forked while another thread held the pool's lock gets a fresh lock (and no
-    idle arrays: they are the parent's memory, copied on write)."""
-    pool._lock = threading.Lock()
-    pool.clear()
-
-
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(after_in_child=pool.after_fork)
