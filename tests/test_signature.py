@@ -210,6 +210,7 @@ NOT_CACHES = {
     ("jit", "_VECMATH_HASH"): "the hash of vecmath.py and intrinsics.py, a constant of the process",
     ("jit", "_VECTOR_BYTES"): "the machine's vector register width, a constant of the process",
     ("intrinsics", "_MADE"): "the wide_vectors and shifted_rows intrinsics, made on first use",
+    ("memory", "_kept"): "recycled buffers, at most memory.KEEP bytes; clear_cache() forgets them",
 }
 
 

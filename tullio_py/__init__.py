@@ -8,7 +8,7 @@ from .errors import (ArgumentError, GradientError, LoweringError, OverwriteWarni
 from .kernel import Kernel, kernel, tullio
 from .tape import Tape
 from .version import __version__
-from . import cache as _cache, memo as _memo, scratch as _scratch
+from . import cache as _cache, memo as _memo, memory as _memory, scratch as _scratch
 
 
 def __getattr__(name):
@@ -26,6 +26,7 @@ def clear_cache() -> None:
     _memo.clear_all()
     _cache.clear()
     _scratch.pool.clear()
+    _memory.forget()
 
 
 __all__ = ["Tape", "tullio", "kernel", "Kernel", "Chain", "TullioError", "ParseError", "RangeError",

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import memory
 from .ir import Access, Affine, Binary, Const, Equation, Param
 
 # Below this many multiply-adds the generated loop beats einsum's fixed cost (~20-50 us for
@@ -247,7 +248,7 @@ def _run_matmul(c: Contraction, eq: Equation, arrays: dict, dtype, out):
     a, b = _merge(at, nb, nm), _merge(bt, nb, nk)
     if out is None:                 # C-ordered in the left-hand order
         by_axis = at.shape[:nb + nm] + bt.shape[nb + nk:]
-        out = np.empty(tuple(by_axis[k] for k in np.argsort(mm.out)), dtype)
+        out = memory.empty(tuple(by_axis[k] for k in np.argsort(mm.out)), dtype)
         assign = "="
     else:
         assign = "=" if eq.assign == ":=" else eq.assign

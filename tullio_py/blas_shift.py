@@ -48,7 +48,7 @@ import numpy as np
 
 from . import blas_shift_cost as model
 from . import blas_shift_gather as gather
-from . import blas_threads
+from . import blas_threads, memory
 from .blas import MIN_WORK, factors, pooled_gemm
 from .blas_shift_cost import blasable as _blasable
 from .blas_shift_cost import chain as _chain
@@ -128,8 +128,8 @@ class Shifted:
         overwrite = eq.assign in (":=", "=")
         write = p.write
         if fresh:
-            out = (np.empty(shape, dtype) if write and self.full else
-                   np.zeros(shape, dtype) if pad == 0 else np.full(shape, pad, dtype))
+            out = (memory.empty(shape, dtype) if write and self.full else
+                   memory.full(shape, pad, dtype))
         elif any(np.may_share_memory(out, arrays[a.array]) for a in self.reads):
             return None
         zero = not write and ((fresh and pad != 0) or (overwrite and not fresh))

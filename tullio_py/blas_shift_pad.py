@@ -19,6 +19,7 @@ from itertools import product
 
 import numpy as np
 
+from . import memory
 from .blas import pooled_gemm
 from .blas_shift_cost import c_order
 from .blas_shift_run import run
@@ -116,7 +117,7 @@ class Padded:
         if p is None:
             return None
         if fresh:
-            out = np.zeros(shape, dtype)
+            out = memory.zeros(shape, dtype)
         elif any(np.may_share_memory(out, arrays[a.array]) for a in self.reads):
             return None
         elif eq.assign in (":=", "="):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import memo, overlap, ranges
+from . import memo, memory, overlap, ranges
 
 _ND = np.ndarray
 _SCALARS = (int, float, complex, bool)
@@ -295,7 +295,10 @@ class CallCache:
             consts["_run"] = entry if entry is not None else prepared.fn
             body.append(f"    _run({', '.join(code)})")
         body.append("    return _out")
-        ns = {"_full": np.full, "_empty": np.empty, "_shape": out.shape, "_dtype": out.dtype,
+        # (an output of SMALL bytes and more starts a cache line: memory.py)
+        big = out.nbytes >= memory.SMALL
+        ns = {"_full": memory.full if big else np.full, "_empty": memory.empty if big else np.empty,
+              "_shape": out.shape, "_dtype": out.dtype,
               "_pad": kernel.pad, "_ran": kernel.last_cell, "_prepared": prepared, "_fn": prepared.fn,
               "_launch": jit.call, "_n": n, "_overlap": overlap.bounds_meet,
               **consts}

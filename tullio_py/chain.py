@@ -36,7 +36,7 @@ import sys
 
 import numpy as np
 
-from . import bind as binding, chain_grad, chain_text, factory, jit, memo, schedule, scratch
+from . import bind as binding, chain_grad, chain_text, factory, jit, memo, memory, schedule, scratch
 from . import vjp_rows
 from . import tape as _tape
 from .errors import ArgumentError, GradientError
@@ -165,7 +165,7 @@ class Chain:
                     ns[s.output] = absent(shape, dtype)
                     continue
                 if temps is None or s.output == self.spec.result:
-                    out = np.empty(shape, dtype)
+                    out = memory.empty(shape, dtype)
                 else:
                     out = scratch.pool.empty(shape, dtype)
                     temps.append(out)

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import bind as binding, jit, memo, scratch, vjp_plan, vjp_rows, vjp_run, vjp_written
+from . import bind as binding, jit, memo, memory, scratch, vjp_plan, vjp_rows, vjp_run, vjp_written
 from .gradient_kernel import learnable_scalars
 from .ir import Access, Gather, Param, Wrapped, map_expr
 from .vjp_plan import Array, Statement, VjpPlan, frozen_ranges, standin
@@ -259,7 +259,7 @@ class ChainGradient:
             x = np.asarray(arrays[n])
             dx = got.get(n)
             if dx is None:
-                dx = np.zeros(x.shape, x.dtype)
+                dx = memory.zeros(x.shape, x.dtype)
             if x.dtype.kind != "c" and dx.dtype.kind == "c":
                 dx = dx.real
             out[n] = np.ascontiguousarray(dx.astype(x.dtype, copy=False))

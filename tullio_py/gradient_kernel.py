@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import bind as binding
-from . import grad as grad_mod, grad_print, jit, memo, rewrite, schedule, vjp_plan, vjp_rows, vjp_run
+from . import grad as grad_mod, grad_print, jit, memo, memory, rewrite, schedule, vjp_plan, vjp_rows, vjp_run
 from .errors import GradientError, SummationWarning
 from .signature import ArraySig, CallSignature
 from .ir import Access, Affine, Compare, Const, Equation, Param, Wrapped
@@ -126,7 +126,7 @@ class Gradient:
         scalars = learnable_scalars(eq, arrays)
         call = dict(arrays)
         if eq.assign != ":=":
-            call[eq.output] = out_value if out_value is not None else np.zeros(cot.shape, cot.dtype)
+            call[eq.output] = out_value if out_value is not None else memory.zeros(cot.shape, cot.dtype)
         collected = binding.collect(eq, call)
         # Everything that depends only on shapes, dtypes and strides is worked out once per
         # call signature (ranges, derivation, kernels, the plan of the steps); gathers read

@@ -28,6 +28,8 @@ import weakref
 
 import numpy as np
 
+from . import memory
+
 LIMIT = 64 << 20            # bytes of idle arrays the pool holds at most
 MIN_BYTES = 1 << 16         # smaller arrays are allocated as usual
 
@@ -51,14 +53,13 @@ class Pool:
                     a = self._idle.pop(k)[1]
                     self.held -= a.nbytes
                     return a
-        return np.empty(shape, dtype)
+        return memory.empty(shape, dtype)
 
     def give(self, arrays) -> None:
         """Take back arrays whose last user is done with them (arrays that do not own their
         memory, small ones and ones already idle are left alone)."""
         for a in arrays:
-            if (not isinstance(a, np.ndarray) or a.base is not None or not a.flags.owndata
-                    or not a.flags.c_contiguous or a.nbytes < self.min_bytes
+            if (not memory.whole(a) or a.nbytes < self.min_bytes
                     or a.nbytes > self.limit):
                 continue
             with self._lock:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import jit, schedule, vjp_rows
+from . import jit, memory, schedule, vjp_rows
 from .vjp_plan import VjpPlan, absent, arrays_of, spread
 
 
@@ -37,7 +37,7 @@ class Host:
     run_with_ranges' result, or ("fused" or "rows", source)); the arrays named in `temporary`
     come from `scratch` (a scratch.Pool: the caller gives them back after the run)."""
 
-    empty = staticmethod(np.empty)      # an unfilled array (tests fill it with NaN)
+    empty = staticmethod(memory.empty)      # an unfilled array (tests fill it with NaN)
 
     def __init__(self, kernels, ranges, params: dict, record: dict, fused_function, threads,
                  scratch=None, temporary=frozenset()):
@@ -55,7 +55,7 @@ class Host:
         scratch = a.name in self.temporary
         if not a.written:
             if not scratch:
-                return np.zeros(a.shape, a.dtype)
+                return memory.zeros(a.shape, a.dtype)
             out = self.scratch.empty(a.shape, a.dtype)
             out.fill(0)
             return out

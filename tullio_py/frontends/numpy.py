@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import bind as binding
-from .. import blas, codegen, jit, overlap, schedule
+from .. import blas, codegen, jit, memory, overlap, schedule
 from ..ir import Gather
 
 
@@ -43,7 +43,8 @@ def call(kernel, arrays: dict):
         if done is not None:
             return done
     if eq.assign == ":=":
-        out = np.full(b.shape, kernel.pad, b.dtype) if b.fill else np.empty(b.shape, b.dtype)
+        out = (memory.full(b.shape, kernel.pad, b.dtype) if b.fill else
+               memory.empty(b.shape, b.dtype))
     else:
         out = arrays[eq.output]
     prepared, call_ranges, extra_params = kernel.prepare(arrays, rng, b.dtype, out.shape)
