@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import blas_shift_cost as model
-from . import blas_threads
+from . import blas_threads, memory
 from .blas_shift_cost import blasable, c_order, chain, prod
 
 
@@ -219,7 +219,7 @@ def run(p: GatherPlan, sh, arrays: dict, out: np.ndarray, groups: int = 1,
     omaster = as_strided(oorg, (nb, m, n), (obst, mst, nst), writeable=True)
 
     def steps(lo, hi):
-        col = np.zeros((g, whole), out.dtype)      # its zeros stay: each step rewrites the rest
+        col = memory.zeros((g, whole), out.dtype)      # its zeros stay: each step rewrites the rest
         for b0 in range(lo, hi, g):
             gg = min(g, hi - b0)
             dest = as_strided(col, (gg,) + dshape, (col.strides[0],) + dstr, writeable=True)

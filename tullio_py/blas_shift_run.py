@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import blas_shift_gather as gather
-from . import blas_threads
+from . import blas_threads, memory
 from .blas import gemms, pooled_gemm
 
 
@@ -110,7 +110,7 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                 try:
                     x = np.reshape(x, shape, copy=False)
                 except ValueError:              # the merge copies: into a buffer kept
-                    bufs[i] = np.empty(x.shape, x.dtype)
+                    bufs[i] = memory.empty(x.shape, x.dtype)
             if bufs[i] is not None:
                 if copy is None or not copy(bufs[i], x):
                     np.copyto(bufs[i], x)
@@ -168,14 +168,14 @@ def _contiguous(copy, x):
     or x itself where it already is."""
     if copy is None or x.flags.c_contiguous:
         return np.ascontiguousarray(x)
-    c = np.empty(x.shape, x.dtype)
+    c = memory.empty(x.shape, x.dtype)
     return c if copy(c, x) else np.ascontiguousarray(x)
 
 
 def _matmul(gemm, a, b):
     """a @ b, through the frontend's gemm when there is one and it takes the call."""
     if gemm is not None and a.dtype == b.dtype:
-        r = np.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
+        r = memory.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
                      a.dtype)
         if gemm(a, b, r, 1, 0):
             return r
