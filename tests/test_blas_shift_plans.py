@@ -169,6 +169,45 @@ def test_products_into_shifted_windows_are_added_on_the_frontends_pool():
     assert scattered and all(scattered), scattered
 
 
+@pytest.mark.parametrize("name", ["nchw", "dx_nchw", "dw"])
+def test_steps_check_the_frontends_arrays_once(name):
+    """Under a frontend that says which arrays it takes (gemm_provider's `views`), every
+    gemm and copy of a plan's steps is told the arrays were checked (views of arrays checked
+    once per call) when the masters pass: the same bits as with every call checking its own
+    arrays.  With a read-only input each call checks (and leaves the product to numpy's
+    BLAS).  Every result equal to the loops'."""
+    frontend = pytest.importorskip("tullio_py.frontends.torch")
+    expr, shapes, out_shape = CASES[name]
+    k, loops = KERNELS[name]
+    arrays, eq, start, want, out, rng = _setup(k, loops, shapes, out_shape, "contiguous")
+    seen = []
+
+    def gemm(a, b, o, alpha, beta, checked=False):
+        seen.append(checked)
+        return frontend.torch_gemm(a, b, o, alpha, beta, checked)
+
+    def copy(dst, src, add=False, checked=False):
+        seen.append(checked)
+        return frontend.torch_copy(dst, src, add, checked)
+    plans = blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype, 2)
+    assert plans
+    for p in plans:
+        got = {}
+        for views, writeable in ((frontend.torch_views, True), (None, True),
+                                 (frontend.torch_views, False)):
+            ins = {n: a.copy() for n, a in arrays.items()}
+            for a in ins.values():
+                a.flags.writeable = writeable
+            seen.clear()
+            res = start.copy() if start is not None else np.zeros(out.shape)
+            with blas.gemm_provider(gemm, copy, views):
+                blas_shift.run(p, k._shift, ins, res, False, p.write and start is None)
+            np.testing.assert_allclose(res, want, rtol=1e-10, atol=1e-10)
+            assert seen and set(seen) == {views is not None and writeable}, (p.loop, seen)
+            got[views is not None, writeable] = res
+        np.testing.assert_array_equal(got[True, True], got[False, True])
+
+
 def test_threaded_forward_and_gradients():
     """A kernel on 2 threads: its conv1d forward and both gradients share the batch loop
     between threads (into its own elements; dW's into zeroed copies, summed), results equal

@@ -178,7 +178,7 @@ def run(c: Contraction, eq: Equation, arrays: dict, dtype, out=None):
 
 
 # ----------------------------------------------------------------------------- batched gemm
-gemms = threading.local()     # .f, .copy: the provider of the calls from this Python thread
+gemms = threading.local()     # .f, .copy, .views: the provider of this Python thread's calls
 
 
 class gemm_provider:
@@ -190,19 +190,24 @@ class gemm_provider:
     `copy(dst, src, add)` (dst[...] = src, or with `add` dst += src: a product taken into
     an output that is no matmul result; same shapes and dtype; False: numpy's).  A
     provider runs them on the frontend's own thread pool (torch's): blas_shift.py then runs
-    its steps on the calling thread and starts no threads of its own."""
-    __slots__ = ("f", "copy", "old")
+    its steps on the calling thread and starts no threads of its own.  `views(x)`: whether the
+    frontend takes array x as it is; a caller that checked every array it slices its
+    operands from with it (and that no output shares memory with a read) passes
+    `checked=True` to `f` and `copy`, which then skip those checks on every step (a
+    convolution's forward and gradients make about 200 such calls, at 4-7 us of checks each)."""
+    __slots__ = ("f", "copy", "views", "old")
 
-    def __init__(self, f, copy=None):
-        self.f, self.copy = f, copy
+    def __init__(self, f, copy=None, views=None):
+        self.f, self.copy, self.views = f, copy, views
 
     def __enter__(self):
-        self.old = (getattr(gemms, "f", None), getattr(gemms, "copy", None))
-        gemms.f, gemms.copy = self.f, self.copy
+        self.old = (getattr(gemms, "f", None), getattr(gemms, "copy", None),
+                    getattr(gemms, "views", None))
+        gemms.f, gemms.copy, gemms.views = self.f, self.copy, self.views
         return self
 
     def __exit__(self, *exc):
-        gemms.f, gemms.copy = self.old
+        gemms.f, gemms.copy, gemms.views = self.old
 
 
 def pooled_gemm() -> bool:

@@ -16,6 +16,7 @@ its own thread count (its BLAS splits the products), which so may change the las
 """
 from __future__ import annotations
 
+from functools import partial
 from itertools import product
 
 import numpy as np
@@ -74,9 +75,15 @@ def run(p, sh, arrays: dict, out: np.ndarray, zero_first: bool,
     if g < 2 or gemm is not None:
         # the frontend's gemm and copy where it has them (blas.gemm_provider: torch's, on its
         # own pool), every step on this thread; groups of steps keep numpy's, made
-        # single-threaded per thread
-        _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write, gemm,
-               getattr(gemms, "copy", None) if gemm is not None else None)
+        # single-threaded per thread.  Every operand and output of a step is a view of the
+        # masters, a new array or a buffer of its own, and the output shares no memory with
+        # a read (Shifted.call): checked once here, not at every step.
+        copy = getattr(gemms, "copy", None) if gemm is not None else None
+        views = getattr(gemms, "views", None) if gemm is not None else None
+        if views is not None and all(views(m) for m in (*masters, mo)):
+            gemm = partial(gemm, checked=True)
+            copy = partial(copy, checked=True) if copy is not None else None
+        _steps(p, masters, mo, 0, p.steps[0] if p.loop else 1, scale, write, gemm, copy)
         return out
     cut = [p.steps[0] * k // g for k in range(g + 1)]
     parts = [out] + ([np.zeros_like(out) for _ in range(g - 1)] if p.split == 2 else [])

@@ -166,24 +166,35 @@ def torch_threads(f):
         n = torch.get_num_threads()
         if getattr(jit.budgets, "n", None) == n and getattr(blas.gemms, "f", None) is torch_gemm:
             return f(*args, **kwargs)               # inside a function that set both
-        with jit.thread_budget(n, n - 1), blas.gemm_provider(torch_gemm, torch_copy):
+        with jit.thread_budget(n, n - 1), blas.gemm_provider(torch_gemm, torch_copy,
+                                                             torch_views):
             if n > 1 and blas_threads.available():      # numpy's BLAS on this thread only
                 return blas_threads.single(functools.partial(f, *args, **kwargs))
             return f(*args, **kwargs)
     return wrapped
 
 
-def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bool:
+def torch_views(x: np.ndarray) -> bool:
+    """Whether torch takes x as a tensor of its memory (torch.from_numpy): a native float or
+    complex array, writeable, with non-negative strides that are whole elements."""
+    return (x.dtype.kind in "fc" and x.dtype.isnative and x.flags.writeable
+            and all(s >= 0 and s % x.itemsize == 0 for s in x.strides))
+
+
+def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta,
+               checked: bool = False) -> bool:
     """out = alpha * (a @ b) + beta * out (beta 0 or 1) on torch's BLAS and thread pool, for
     the calls of this frontend (blas.gemm_provider): numpy's matmul runs a batch of small
     products one after another on one thread, torch's batched gemm spreads them over its
     threads (and torch and the kernels then share one pool of BLAS threads).  False (numpy
-    runs it) for arrays torch cannot view or an output overlapping an input."""
-    for x in (a, b, out):
-        if (x.dtype != out.dtype or x.dtype.kind not in "fc" or not x.dtype.isnative
-                or not x.flags.writeable or any(s < 0 or s % x.itemsize for s in x.strides)):
-            return False
-    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+    runs it) for arrays of other dtypes than out's, arrays torch cannot view or an output
+    overlapping an input; `checked`: the caller has made sure of the last two (views of
+    arrays it checked once with torch_views, into an output no read shares memory with)."""
+    if a.dtype != out.dtype or b.dtype != out.dtype:
+        return False
+    if not checked and not (torch_views(a) and torch_views(b) and torch_views(out)
+                            and not np.may_share_memory(out, a)
+                            and not np.may_share_memory(out, b)):
         return False
     if out.strides[-1] != out.itemsize and out.strides[-2] == out.itemsize and out.shape[-1] > 1:
         # a column-major output: out^T = b^T a^T, so the gemm writes rows (torch's batched
@@ -214,17 +225,18 @@ def torch_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, alpha, beta) -> bo
     return True
 
 
-def torch_copy(dst: np.ndarray, src: np.ndarray, add: bool = False) -> bool:
+def torch_copy(dst: np.ndarray, src: np.ndarray, add: bool = False,
+               checked: bool = False) -> bool:
     """dst[...] = src (`add`: dst += src) on torch's thread pool (blas.gemm_provider): numpy
     copies an im2col view (overlapping axes, short inner runs) on one thread, element run by
     element run, and adds a product into a shifted window of the output (a convolution's
     input gradient) on one thread; torch spreads them over its threads.  False (numpy copies)
-    for arrays torch cannot view."""
-    for x in (dst, src):
-        if (x.dtype != dst.dtype or x.dtype.kind not in "fc" or not x.dtype.isnative
-                or not x.flags.writeable or any(s < 0 or s % x.itemsize for s in x.strides)):
-            return False
-    if dst.shape != src.shape or np.may_share_memory(dst, src):
+    for other shapes or dtypes, arrays torch cannot view or sharing memory; `checked`: as for
+    torch_gemm."""
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        return False
+    if not checked and not (torch_views(dst) and torch_views(src)
+                            and not np.may_share_memory(dst, src)):
         return False
     if add:
         torch.from_numpy(dst).add_(torch.from_numpy(src))
