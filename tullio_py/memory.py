@@ -21,13 +21,24 @@ at the top of its heap back to the system, and the next array of that size then 
 pages in again, at several microseconds a page: in a training loop that accumulates
 gradients into `.grad` (the first gradient becomes `.grad` itself and stays, the later ones
 are freed after they are added), a softmax chain's forward and backward (4096x512 float32,
-2 threads) took 9 and 10 ms each, with 500-1000 page faults a call, against 1.4 and 1.8 ms
-with no fault once its buffers came back from here.  At most `KEEP` bytes of buffers are
-remembered (the oldest forgotten first: a buffer still in use is then freed by numpy as
-usual when its last view goes).
+2 threads) took 10 ms each, with about 500 page faults a pass, against 1.6-1.9 ms and none
+once its buffers came back from here (benchmarks/bench_memory.py).  At most `KEEP` bytes of
+buffers are remembered (the oldest forgotten first: a buffer still in use is then freed as
+usual when its last view goes).  They are mappings of their own (mmap), outside the heap
+that numpy and torch share.
+
+glibc serves a block from an mmap of its own when it is larger than its mmap threshold, and
+raises that threshold to the size of the largest such block freed (up to 32 MiB): numpy
+programs that free large arrays raise it, and torch's large blocks then come from the heap.
+Kept buffers are never freed, so without more a process that runs tullio_py's kernels would
+leave the threshold low and every large torch block mapped and faulted in at each call (a
+torch conv2d forward+backward, 16x32x34x34, 2 threads: 12.6 ms with 2400 page faults a call,
+9 ms with none).  So the first time a buffer is kept, a block of `PRIME` bytes is allocated
+and freed, as any program freeing such an array does once.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -39,6 +50,7 @@ ALIGN = 64          # bytes: a cache line, and an AVX-512 vector
 SMALL = 1 << 14     # arrays under this many bytes are numpy's own
 RECYCLE = 1 << 18   # buffers of this many bytes and more are handed out again
 KEEP = 64 << 20     # bytes of such buffers remembered at most
+PRIME = 31 << 20    # bytes of the block freed once (under glibc's 32 MiB threshold limit)
 
 _buffers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id -> byte buffer
 _kept: list = []    # recycled buffers, least recently handed out first
@@ -66,14 +78,38 @@ def empty(shape, dtype) -> np.ndarray:
         n *= d
     if n < SMALL:
         return np.empty(shape, dtype)
+    if n >= RECYCLE and not _primed[0]:
+        _prime()
     raw = _reuse(n + ALIGN) if n >= RECYCLE else None
     if raw is None:
-        raw = np.empty(n + ALIGN, np.uint8)
+        raw = _mapped(n + ALIGN) if n >= RECYCLE else np.empty(n + ALIGN, np.uint8)
         _buffers[id(raw)] = raw
         if n >= RECYCLE:
             _keep(raw)
     off = -raw.__array_interface__["data"][0] % ALIGN
     return raw[off:off + n].view(dtype).reshape(shape)
+
+
+_primed = [False]
+
+
+def _prime() -> None:
+    """Once per process: a block of PRIME bytes from numpy, freed at once (see the module's
+    docstring: glibc's mmap threshold then rises to its size, as after any such free)."""
+    with _lock:
+        if _primed[0]:
+            return
+        _primed[0] = True
+    np.empty(PRIME, np.uint8)
+
+
+def _mapped(nbytes: int) -> np.ndarray:
+    """nbytes of memory of their own (an anonymous mapping, page-aligned), as a byte array;
+    the mapping goes when the last array viewing it does."""
+    m = mmap.mmap(-1, nbytes)
+    if nbytes >= 2 << 20 and hasattr(m, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        m.madvise(mmap.MADV_HUGEPAGE)       # (transparent huge pages where the system allows)
+    return np.frombuffer(m, np.uint8)
 
 
 def _reuse(nbytes: int):
