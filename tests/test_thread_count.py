@@ -128,7 +128,7 @@ def test_torch_runs_the_steps_on_its_own_pool(monkeypatch):
     k = kernel(expr)
     x, w = (R.standard_normal(shapes[n]) for n in ("x", "w"))
     gemm, gemms = frontend.torch_gemm, []
-    monkeypatch.setattr(frontend, "torch_gemm", lambda *a: gemms.append(1) or gemm(*a))
+    monkeypatch.setattr(frontend, "torch_gemm", lambda *a, **k: gemms.append(1) or gemm(*a, **k))
     monkeypatch.setattr(blas_shift.blas_threads, "run", None)       # a call would raise
     # numpy's reference: x's windows (b, c, i, j)
     xw = np.lib.stride_tricks.sliding_window_view(x, w.shape[2], axis=2)
