@@ -3,10 +3,7 @@ out again only once no array (a view, a torch tensor) refers to it.  Checked on 
 themselves, on Python threads at once, across fork, and on what kernels, chains and vjps
 return."""
 import os
-import platform
 import signal
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -145,41 +142,3 @@ def test_results_and_gradients_start_a_cache_line():
     assert address(g) % memory.ALIGN == 0
     np.testing.assert_allclose(g, s * (dy - (dy * s).sum(1, keepdims=True)), rtol=1e-10,
                                atol=1e-14)
-
-
-GLIBC = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
-TOUCH = """
-import resource, sys
-import numpy as np
-from tullio_py import memory
-memory.PRIME = int(sys.argv[1])
-kept = memory.empty((1 << 20,), np.float32)        # the first kept buffer
-
-
-def touch():
-    # blocks of another library (torch's, numpy's) allocated together, written and freed
-    bs = [np.empty(4 << 20, np.uint8) for _ in range(4)]
-    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for b in bs:
-        b.fill(1)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-
-
-touch()
-print(min(touch() for _ in range(3)))
-"""
-
-
-@pytest.mark.skipif(not GLIBC, reason="glibc's mmap threshold")
-def test_keeping_buffers_leaves_other_large_blocks_on_the_heap():
-    """After the first kept buffer, four 4 MB blocks that another library allocates together,
-    writes and frees, again and again, come from the heap (no page faults when written
-    again), as in a process that freed a large array once; without the one block freed at
-    that moment (PRIME 0) glibc gives them back to the system at every free and they are
-    faulted in at every allocation."""
-    def faults(prime):
-        r = subprocess.run([sys.executable, "-c", TOUCH, str(prime)], capture_output=True,
-                           text=True, check=True)
-        return int(r.stdout.split()[-1])
-    assert faults(memory.PRIME) == 0
-    assert faults(0) > 0
