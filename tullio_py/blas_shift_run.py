@@ -182,8 +182,8 @@ def _contiguous(copy, x):
 def _matmul(gemm, a, b):
     """a @ b, through the frontend's gemm when there is one and it takes the call."""
     if gemm is not None and a.dtype == b.dtype:
-        r = memory.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
-                     a.dtype)
+        r = memory.empty(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+                         + (a.shape[-2], b.shape[-1]), a.dtype)
         if gemm(a, b, r, 1, 0):
             return r
     return np.matmul(a, b)

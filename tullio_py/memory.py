@@ -55,6 +55,7 @@ PRIME = 31 << 20    # bytes of the block freed once (under glibc's 32 MiB thresh
 _buffers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id -> byte buffer
 _kept: list = []    # recycled buffers, least recently handed out first
 _held = [0]         # their bytes
+_primed = [False]   # the PRIME block was freed (_prime)
 _lock = threading.Lock()
 
 
@@ -74,14 +75,7 @@ def empty(shape, dtype) -> np.ndarray:
     shape, dtype, n = _size(shape, dtype)
     if n < SMALL:
         return np.empty(shape, dtype)
-    if n >= RECYCLE and not _primed[0]:
-        _prime()
-    raw = _reuse(n + ALIGN) if n >= RECYCLE else None
-    if raw is None:
-        raw = _mapped(n + ALIGN) if n >= RECYCLE else np.empty(n + ALIGN, np.uint8)
-        _buffers[id(raw)] = raw
-        if n >= RECYCLE:
-            _keep(raw)
+    raw = _recycled(n + ALIGN) if n >= RECYCLE else _registered(np.empty(n + ALIGN, np.uint8))
     return _aligned(raw, n, shape, dtype)
 
 
@@ -96,9 +90,7 @@ def zeros(shape, dtype) -> np.ndarray:
         out = empty(shape, dtype)
         out.fill(0)
         return out
-    raw = np.zeros(n + ALIGN, np.uint8)
-    _buffers[id(raw)] = raw
-    return _aligned(raw, n, shape, dtype)
+    return _aligned(_registered(np.zeros(n + ALIGN, np.uint8)), n, shape, dtype)
 
 
 def full(shape, value, dtype) -> np.ndarray:
@@ -119,13 +111,16 @@ def _size(shape, dtype):
     return shape, dtype, n
 
 
+def _registered(raw: np.ndarray) -> np.ndarray:
+    """raw, known to `whole` as a buffer of this module."""
+    _buffers[id(raw)] = raw
+    return raw
+
+
 def _aligned(raw, n: int, shape, dtype) -> np.ndarray:
     """The array of `shape` in `raw` from its first multiple of ALIGN bytes."""
     off = -raw.__array_interface__["data"][0] % ALIGN
     return raw[off:off + n].view(dtype).reshape(shape)
-
-
-_primed = [False]
 
 
 def _prime() -> None:
@@ -147,23 +142,24 @@ def _mapped(nbytes: int) -> np.ndarray:
     return np.frombuffer(m, np.uint8)
 
 
-def _reuse(nbytes: int):
-    """A kept buffer of `nbytes` that no array refers to, moved to the end of the list."""
+def _recycled(nbytes: int) -> np.ndarray:
+    """A kept buffer of `nbytes` that no array refers to (moved to the end of the list), else
+    a new one, kept from now on (the oldest forgotten past KEEP bytes)."""
+    if not _primed[0]:
+        _prime()
     with _lock:
         for k in range(len(_kept)):
             if _kept[k].nbytes == nbytes and _refs(_kept, k) == _IDLE:
                 raw = _kept.pop(k)
                 _kept.append(raw)
                 return raw
-    return None
-
-
-def _keep(raw) -> None:
+    raw = _registered(_mapped(nbytes))
     with _lock:
         _kept.append(raw)
         _held[0] += raw.nbytes
         while _held[0] > KEEP and len(_kept) > 1:
             _held[0] -= _kept.pop(0).nbytes
+    return raw
 
 
 def forget() -> None:
