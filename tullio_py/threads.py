@@ -220,7 +220,7 @@ def _run(fn, args, n: int | None):
     if n is None:
         fn(*args)
     else:
-        set_threads(max(1, min(n, _max)))
+        set_threads(max(1, n))          # (set_threads caps it at _max)
         try:
             fn(*args)
         finally:
