@@ -30,6 +30,13 @@ def members(texts, ranges=None):
     (["y[j,i] := x[i,j]", "z[i] := y[i,j]"], None),                    # y read transposed
     (["y[i,i] := x[i]", "z[i] := y[i,i]"], None),                      # i twice on the left
     (SOFTMAX[:1], None),                                               # nothing to group
+    (SOFTMAX[:2] + ["g[j] += e[i,j]"], "i"),        # a column sum added to: block partials
+    (["m[i] := x[i,j]", "g[j] += x[i,j]", "y[i,j] := x[i,j] * g[j]"], None),  # ... read
+    (["m[i] := x[i,j]", "g[j] += x[i,j]", "g[j] := x[0,j]"], None),   # ... also stored
+    (["g[j] += x[i,j]", "h[j] += x[i,j] * 2"], "j"),                  # rows of j, not columns
+    (["s += x[i]", "t += x[i] * 2"], None),                            # column sums only
+    (["y[i,j] := x[i,j]", "g[J[i]] += y[i,j]"], None),                 # a scatter
+    (["s += x[i]", "y[i] += x[i] * s"], None),                         # 0-d, read as a scalar
 ])
 def test_rule(texts, want):
     assert row_index(members(texts)) == want
@@ -191,3 +198,69 @@ def test_softmax_layer_through_torch(layout, threads):
     assert torch.allclose(y[ok], yr[ok], rtol=1e-12, atol=1e-14)
     assert torch.allclose(xt.grad[ok], xr.grad[ok], rtol=1e-10, atol=1e-12)
     assert torch.equal(torch.isnan(xt.grad).any(dim=1), ~ok)
+
+
+# ----------------------------------------------------------------------------- column sums
+# Layer norm's gradient: dx's rows (dmu, dvar per row) and the column sums dg, dbb in one
+# pass over blocks of rows, each block adding into partial sums of its own (codegen/rows.py).
+LN = ("mu[i] := x[i,j] * inv_n; var[i] := (x[i,j] - mu[i])**2 * inv_n; "
+      "y[i,j] := (x[i,j] - mu[i]) / sqrt(var[i] + eps) * g[j] + bb[j]")
+
+
+def _ln_chain(monkeypatch, rows=True, partial_bytes=None):
+    from tullio_py import chain as chain_mod, chain_grad, vjp_rows
+    monkeypatch.setattr(chain_grad, "BLOCK_BYTES", 1 << 12)      # several blocks, small sizes
+    monkeypatch.setattr(chain_grad, "ROWS", rows)
+    if partial_bytes is not None:
+        monkeypatch.setattr(vjp_rows, "PARTIAL_BYTES", partial_bytes)
+    return chain_mod.Chain(LN, kernel(LN).options)          # plans of its own
+
+
+def _ln_data(layout, dtype, shape=(53, 19), seed=11):
+    x, r = data(layout, shape, seed)
+    x = np.where(np.isfinite(x), x, 0.5).astype(dtype)
+    args = dict(x=x, inv_n=1 / shape[1], eps=1e-5, g=r.standard_normal(shape[1]).astype(dtype),
+                bb=r.standard_normal(shape[1]).astype(dtype))
+    return args, r.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("layout", ["c", "transposed", "strided"])
+def test_column_sums_join_the_row_group(layout, dtype, monkeypatch):
+    """One rows step with dg, dbb as per-block partials: every gradient equals the plan
+    without row groups to rounding and numpy's layer norm gradient; the same bits on 1 and 2
+    threads (the blocks, not the threads, decide the partial sums)."""
+    args, dy = _ln_data(layout, dtype)
+    plain = _ln_chain(monkeypatch, rows=False).vjp(dy, **args)
+    k = _ln_chain(monkeypatch)
+    with jit.thread_budget(2):
+        got = k.vjp(dy, **args)
+    (step,) = k.gradient_plan.steps
+    assert step.kind == "rows" and step.rows.partial == ("dg", "dbb")
+    assert dict(step.rows.consts)["_rows"] < args["x"].shape[0] // 2    # several blocks
+    with jit.thread_budget(1):
+        one = k.vjp(dy, **args)
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    for n in ("x", "g", "bb"):
+        assert np.array_equal(got[n], one[n]), n
+        np.testing.assert_allclose(got[n], plain[n], rtol=tol, atol=tol)
+    x, g = args["x"].astype(np.float64), args["g"].astype(np.float64)
+    mu = x.mean(1, keepdims=True)
+    s = 1 / np.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5)
+    xh, dyg = (x - mu) * s, dy * g
+    dx = s * (dyg - dyg.mean(1, keepdims=True) - xh * (dyg * xh).mean(1, keepdims=True))
+    for n, want in [("x", dx), ("g", (dy * xh).sum(0)), ("bb", dy.sum(0))]:
+        np.testing.assert_allclose(got[n], want, rtol=10 * tol, atol=10 * tol)
+
+
+def test_column_sums_over_the_partial_budget_stay_apart(monkeypatch):
+    """Partials that would take more than vjp_rows.PARTIAL_BYTES: no group with the column
+    sums (the fused nest and the row group of the rest, as before), the same gradients."""
+    args, dy = _ln_data("c", np.float64, seed=12)
+    want = _ln_chain(monkeypatch).vjp(dy, **args)
+    k = _ln_chain(monkeypatch, partial_bytes=64)
+    got = k.vjp(dy, **args)
+    assert [s.kind for s in k.gradient_plan.steps] == ["fused", "rows"]
+    assert not any(s.rows.partial for s in k.gradient_plan.steps if s.rows)
+    for n in ("x", "g", "bb"):
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-12, atol=1e-12)

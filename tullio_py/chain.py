@@ -177,6 +177,7 @@ class Chain:
                 bufs = vjp_rows.local_buffers(f, ns, scratch.pool.empty)
                 temps += bufs.values()
                 named.update(bufs)
+            named.update(vjp_rows.partial_buffers(f, ns, memory.zeros))
             jit.call(self._grad.fused_function(f), [named[a] for a in f.source.args],
                      f.source.parallel, threads)
         self.last_groups = tuple(s.members for s in steps)

@@ -15,7 +15,8 @@ the first statement writing an array that it covers element by element writes it
 into an unzeroed array (vjp_written.overwrites: nothing added before; not with `fuse=False`,
 which runs exactly the printed statements, each by its own kernel), and consecutive steps that
 share a row index run as one pass over blocks of rows (vjp_rows.row_groups: the softmax's
-`dz`, `de` and `dx` statements, each block's rows still in the cache for the next).
+`dz`, `de` and `dx` statements, each block's rows still in the cache for the next; a layer
+norm's whole gradient, its column sums `dg`, `dbb` added per block).
 
 `equations()` prints the statements in run order: run one by one with `tullio()` into
 zero-filled `d<x>` arrays (the inputs' and the temporaries'), with the inputs, the forward's

@@ -95,6 +95,7 @@ class Rows:
     outputs: tuple[str, ...]        # the function's output argument of each member statement
     consts: Pairs                   # its generated arguments' values (bounds, block rows, ...)
     local: tuple[str, ...] = ()     # arrays living in blocks (codegen/rows.py's localize)
+    partial: tuple[str, ...] = ()   # column sums, added per block (codegen/rows.py's rule)
 
 
 @dataclass(frozen=True)

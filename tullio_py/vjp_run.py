@@ -83,6 +83,8 @@ class Host:
             bufs = vjp_rows.local_buffers(f, ns, self.scratch.empty)
             self.buffers += bufs.values()
             named.update(bufs)
+        if step.rows is not None and f.partial:
+            named.update(vjp_rows.partial_buffers(f, ns, memory.zeros))
         args = [params[a] if a in params else named[a] for a in f.source.args]
         jit.call(self.fused_function(f), args, f.source.parallel,
                  schedule.thread_count(self.threads, jit.max_threads()))

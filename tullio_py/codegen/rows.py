@@ -18,7 +18,14 @@ The rule (`row_index`), for statements S1..Sn run in this order and an index r:
   (read after write), an earlier one read them before Sk wrote them (write after read), and
   two writers of an array write it in statement order (write after write) -- each row
   sees exactly the order of the statements run one by one, and blocks share no element,
-  so they may run on different threads.
+  so they may run on different threads;
+- except column sums: a statement that lacks r on its left-hand side and adds to it (`+=`)
+  while r runs, whose array no statement of the group reads and every writer of which is
+  such a statement (a layer norm gradient's `dg[j] += dy[i,j] * xhat[i,j]` beside
+  `dx[i,j] += ...`).  Each block adds into a zeroed partial array of its own, and after the
+  blocks the partials are added to the array in block order: the result depends on the
+  block size (the shapes), never on the threads, and differs from the statement run alone in
+  the last bits of the sum.
 Arrays that no statement of the group writes may be read anywhere.
 
 Worked example, the softmax above with r = i: every left-hand side has i bare first; the
@@ -64,30 +71,50 @@ def row_index(members: list[tuple[list[Equation], dict]]) -> str | None:
     if len(members) < 2:
         return None
     eqs = [e for es, _ in members for e in es]
-    first = eqs[0]
-    for s in first.lhs.indices:
-        if isinstance(s, Affine) and s.is_bare and _holds(s.names[0], members, eqs):
-            return s.names[0]
+    for s in dict.fromkeys(s.names[0] for e in eqs for s in e.lhs.indices
+                           if isinstance(s, Affine) and s.is_bare):
+        if _holds(s, members, eqs):
+            return s
     return None
+
+
+def column_sums(eqs: list[Equation], r: str) -> set[str]:
+    """The arrays that `eqs` (a group with row index r) only add to with r absent from the
+    left-hand side (the rule's column sums; the caller checks that nothing reads them)."""
+    out = {e.output for e in eqs if e.assign == "+=" and e.reducer == "+"
+           and not any(r in s.names for s in e.lhs.indices if isinstance(s, Affine))}
+    return {n for n in out if all(e.assign == "+=" and e.reducer == "+"
+                                  and not any(r in s.names for s in e.lhs.indices
+                                              if isinstance(s, Affine))
+                                  for e in eqs if e.output == n)}
 
 
 def _holds(r: str, members, eqs: list[Equation]) -> bool:
     rng = members[0][1].get(r)
     if rng is None or any(m[1].get(r) != rng for m in members):
         return False
+    columns = column_sums(eqs, r)
     where: dict = {}            # written array -> position of r on its left-hand side
     for e in eqs:
         lhs = e.lhs.indices
         if any(not isinstance(s, Affine) for s in lhs):
             return False
+        if e.output in columns:
+            continue
         pos = [d for d, s in enumerate(lhs) if r in s.names]
         if len(pos) != 1 or not lhs[pos[0]].is_bare or where.setdefault(e.output, pos[0]) != pos[0]:
             return False
+    if not where:
+        return False            # column sums only: nothing for a row's block to share
     for e in eqs:
+        if columns.intersection(e.params):
+            return False        # a 0-d column sum read as a scalar
         for a in e.accesses():
+            if a.array in columns:
+                return False
             for s in a.indices:
                 inner = s.inner if isinstance(s, Wrapped) else s
-                if isinstance(inner, Gather) and inner.array in where:
+                if isinstance(inner, Gather) and (inner.array in where or inner.array in columns):
                     return False
             d = where.get(a.array)
             if d is None:
@@ -104,14 +131,16 @@ def block_rows(rows: int, bytes_per_row: int, block_bytes: int | None = None) ->
     return max(1, min(max(rows, 1), (block_bytes or BLOCK_BYTES) // max(bytes_per_row, 1)))
 
 
-def render(sources: list[Source], row: str) -> tuple[Source, list[list[tuple[str, str]]]]:
+def render(sources: list[Source], row: str, columns=()) -> tuple[Source, list[list[tuple[str, str]]]]:
     """One function running the functions of `sources` (each rendered for its statements as
     its kernel runs them) block by block of rows of index `row`, the blocks across threads.
     Returns its Source, whose `args` are the caller's names (user names, `_start_<row>` /
     `_stop_<row>`, `_rows` the rows of a block, `_m<k>...` a member's other generated
-    arguments), and per member the (driver argument, member argument) pairs, by the caller's
-    names, that say where each driver argument's value comes from."""
+    arguments, `partial_arg(n)` the zeroed (blocks, n's shape) partials of each column sum
+    n in `columns`), and per member the (driver argument, member argument) pairs, by the
+    caller's names, that say where each driver argument's value comes from."""
     lo, hi = f"_start_{code_name(row)}", f"_stop_{code_name(row)}"
+    part = {code_name(n): partial_arg(n) for n in columns}
     parts, calls, driver, members = [], [], [], []
     for k, src in enumerate(sources):
         text = src.text
@@ -128,15 +157,23 @@ def render(sources: list[Source], row: str) -> tuple[Source, list[list[tuple[str
         driver += [n for n in names if n not in driver and n not in (lo, hi)]
         members.append([(user_arg(n), user_arg(p)) for n, p in zip(names, params)
                         if n not in (lo, hi)])
-        calls.append(f"        _f{k}({', '.join(_block(n, lo, hi) for n in names)})")
-    args = driver + [lo, hi, "_rows"]
+        calls.append(f"        _f{k}({', '.join(f'{part[n]}[_b]' if n in part else _block(n, lo, hi) for n in names)})")
+    args = driver + list(part.values()) + [lo, hi, "_rows"]
+    # the blocks' partial column sums, added in block order (not thread order)
+    sums = "".join(f"    for _b in range(max(_n, 0)):\n        {n} += {p}[_b]\n"
+                   for n, p in part.items())
     text = ("from numba import njit as _njit\n" + "\n".join(parts)
             + f"\n\ndef _tullio_rows({', '.join(args)}):\n"
             f"    _n = ({hi} - {lo} + _rows - 1) // _rows\n"
             f"    for _b in _prange(max(_n, 0)):\n"
             f"        _lo = {lo} + _b * _rows\n"
-            f"        _hi = min(_lo + _rows, {hi})\n" + "\n".join(calls) + "\n")
+            f"        _hi = min(_lo + _rows, {hi})\n" + "\n".join(calls) + "\n" + sums)
     return Source(text, "_tullio_rows", tuple(user_arg(a) for a in args), True, False), members
+
+
+def partial_arg(name: str) -> str:
+    """The row group function's argument for the blocks' partial sums of column sum `name`."""
+    return f"_part_{code_name(name)}"
 
 
 def local_arg(name: str) -> str:
