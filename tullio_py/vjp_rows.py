@@ -110,10 +110,11 @@ def _columns(group, row: str) -> set[str]:
 
 def _row_member(step: Step, statements, kernels, values: dict, params: dict):
     """(equations, ranges, source, compile keys, generated arguments' values, output
-    arguments) of a step that may join a "rows" step, else None: a statement's own loops that
-    run plainly (no BLAS, relaid copy, snapshot, scatter, chunks, blocks or register tiles),
-    or a fused nest without per-block partial sums.  An index whose bounds the code fixes
-    (Plan.fixed) is left out of the ranges, so it cannot be the row index."""
+    arguments, outputs summed in per-block partials) of a step that may join a "rows" step,
+    else None: a statement's own loops that run plainly (no BLAS, relaid copy, snapshot,
+    scatter, chunks, blocks or register tiles), or a fused nest (whose outputs with per-block
+    partial sums the caller accepts only as column sums).  An index whose bounds the code
+    fixes (Plan.fixed) is left out of the ranges, so it cannot be the row index."""
     plans, lows, keys = [], [], []
     for k in step.members:
         s, gk = statements[k], kernels[k]
