@@ -264,3 +264,38 @@ def test_column_sums_over_the_partial_budget_stay_apart(monkeypatch):
     assert not any(s.rows.partial for s in k.gradient_plan.steps if s.rows)
     for n in ("x", "g", "bb"):
         np.testing.assert_allclose(got[n], want[n], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("text,dtype", [
+    ("y[i,j] := tanh(x[i,j] * w[j] + b[j]); z[i,j] := y[i,j] * x[i,j]", np.float64),
+    ("y[i,j,k] := x[i,j,k] * w[j,k]; z[i,k] := y[i,j,k]", np.complex128),
+], ids=["two column sums", "complex, 3-d"])
+def test_chains_with_column_sums(text, dtype, monkeypatch):
+    """Other chains whose gradients have column sums (dw, db): one rows step with them as
+    partials, the gradients of the plan without row groups to rounding, the same bits on 1
+    and 2 threads."""
+    from tullio_py import chain as chain_mod, chain_grad
+    monkeypatch.setattr(chain_grad, "BLOCK_BYTES", 1 << 11)
+    r = np.random.default_rng(13)
+    shape = (37, 11, 5) if "k]" in text else (37, 11)
+
+    def rnd(*s):
+        a = r.standard_normal(s) + (1j * r.standard_normal(s) if dtype == np.complex128 else 0)
+        return a.astype(dtype)
+    args = {"x": rnd(*shape), "w": rnd(*shape[1:])}
+    if "b[j]" in text:
+        args["b"] = rnd(shape[1])
+    k = chain_mod.Chain(text, kernel(text).options)
+    dy = rnd(*k(**args).shape)
+    with jit.thread_budget(2):
+        got = k.vjp(dy, **args)
+    with jit.thread_budget(1):
+        one = k.vjp(dy, **args)
+    (step,) = k.gradient_plan.steps
+    assert step.kind == "rows" and set(step.rows.partial) == {"dw", "db"} & {
+        f"d{n}" for n in args}
+    monkeypatch.setattr(chain_grad, "ROWS", False)
+    plain = chain_mod.Chain(text, kernel(text).options).vjp(dy, **args)
+    for n in args:
+        assert np.array_equal(got[n], one[n]), n
+        np.testing.assert_allclose(got[n], plain[n], rtol=1e-11, atol=1e-11)
