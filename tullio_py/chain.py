@@ -173,11 +173,11 @@ class Chain:
                     out.fill(self.options.pad)
                 ns[s.output] = out
                 named[name] = out.reshape(1) if out.ndim == 0 else out
+            # (no column sums here: those add with `+=`, and a chain's statements are `:=`)
             if f.local:
                 bufs = vjp_rows.local_buffers(f, ns, scratch.pool.empty)
                 temps += bufs.values()
                 named.update(bufs)
-            named.update(vjp_rows.partial_buffers(f, ns, memory.zeros))
             jit.call(self._grad.fused_function(f), [named[a] for a in f.source.args],
                      f.source.parallel, threads)
         self.last_groups = tuple(s.members for s in steps)

@@ -69,22 +69,21 @@ def row_groups(steps: list, statements, kernels: list, values: dict, params: dic
             group = info[k:end + 1]
             r = rows_mod.row_index([(m[0], m[1]) for m in group])
             # a fused nest's per-block partial sums must be the group's column sums
-            if r is None or not all(set(m[6]) <= _columns(group, r) for m in group):
+            if r is None or not set(p for m in group for p in m[6]) <= _columns(group, r):
                 break
             row, end = r, end + 1
         group = info[k:end]
-        rng = info[k][1][row] if row is not None else None
-        columns = [] if row is None else [n for n in dict.fromkeys(
-            e.output for m in group for e in m[0]) if n in _columns(group, row)]
-        blocks = 0
         if row is not None:
+            rng = info[k][1][row]
+            sums = _columns(group, row)
+            columns = [n for n in dict.fromkeys(e.output for m in group for e in m[0])
+                       if n in sums]
             per_row = sum(values[n].nbytes // max(len(rng), 1) for n in dict.fromkeys(
                 a.array for m in group for e in m[0] for a in (e.lhs, *e.accesses())
                 if any(row in x.names for x in a.indices)) if isinstance(values.get(n), np.ndarray))
             rows = rows_mod.block_rows(len(rng), per_row, block_bytes)
-            blocks = -(-len(rng) // rows)
-            if blocks * sum(max(values[n].nbytes, values[n].itemsize) for n in columns) \
-                    > PARTIAL_BYTES:
+            if rows_mod.blocks(len(rng), rows) * sum(
+                    max(values[n].nbytes, values[n].itemsize) for n in columns) > PARTIAL_BYTES:
                 row = None
         if row is None:
             out.append(steps[k])
@@ -202,9 +201,9 @@ def partial_buffers(f: Rows, like: dict, zeros) -> dict:
         return {}
     c = dict(f.consts)
     row = row_of(f)
-    blocks = -(-(c[f"_stop_{row}"] - c[f"_start_{row}"]) // c["_rows"])
-    return {rows_mod.partial_arg(n): zeros((max(blocks, 0), *(like[n].shape or (1,))),
-                                           like[n].dtype) for n in f.partial}
+    n = rows_mod.blocks(c[f"_stop_{row}"] - c[f"_start_{row}"], c["_rows"])
+    return {rows_mod.partial_arg(a): zeros((n, *(like[a].shape or (1,))), like[a].dtype)
+            for a in f.partial}
 
 
 def local_buffers(f: Rows, like: dict, empty) -> dict:

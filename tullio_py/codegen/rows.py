@@ -81,12 +81,18 @@ def row_index(members: list[tuple[list[Equation], dict]]) -> str | None:
 def column_sums(eqs: list[Equation], r: str) -> set[str]:
     """The arrays that `eqs` (a group with row index r) only add to with r absent from the
     left-hand side (the rule's column sums; the caller checks that nothing reads them)."""
-    out = {e.output for e in eqs if e.assign == "+=" and e.reducer == "+"
-           and not any(r in s.names for s in e.lhs.indices if isinstance(s, Affine))}
-    return {n for n in out if all(e.assign == "+=" and e.reducer == "+"
-                                  and not any(r in s.names for s in e.lhs.indices
-                                              if isinstance(s, Affine))
-                                  for e in eqs if e.output == n)}
+    def adds_across(e):
+        return e.assign == "+=" and e.reducer == "+" and not any(
+            r in s.names for s in e.lhs.indices if isinstance(s, Affine))
+    writers: dict = {}
+    for e in eqs:
+        writers.setdefault(e.output, []).append(adds_across(e))
+    return {n for n, adds in writers.items() if all(adds)}
+
+
+def blocks(rows: int, per_block: int) -> int:
+    """The blocks of `per_block` rows that cover `rows` rows (the generated loop's `_n`)."""
+    return max(-(-rows // per_block), 0)
 
 
 def _holds(r: str, members, eqs: list[Equation]) -> bool:
