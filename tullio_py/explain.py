@@ -19,7 +19,8 @@ import numpy as np
 
 from . import bind as binding
 from . import blas as _blas
-from . import blas_shift, cache, jit, memo
+from . import blas_shift, cache, jit, memo, relayout
+from .relayout import standin
 from .ir import Binary, Call, Compare, Unary, walk
 
 
@@ -94,11 +95,18 @@ def _path(k, arrays, rng, out, shape, dtype):
             shared = f"; steps of {p.loop[0]} shared by {n} threads" if n > 1 else ""
             return "blas_shift", (f"{how}{kind}, result {p.res_shape}{col2im}{shared}; "
                                   f"model {p.cost * 1e3:.3f} ms"), n
+    from .frontends.numpy import relaid
+    moved, copies = relaid(k, arrays, rng, out if out is not None else standin(shape, dtype)), ""
+    if moved is not None:
+        axes, eq = moved
+        k, arrays = k.kernel_for(eq), relayout.copies(arrays, axes, run=False)
+        copies = "".join(f" on a C-ordered copy of {n} with axes {a}" for n, a in axes.items())
+        copies = f"{copies} (relayout.py: {eq})"
     plan, _, _ = k.plan_for(arrays, rng, dtype, shape)
     order = ", ".join(f"{l.index}{' (parallel)' if l.parallel else ''}" for l in plan.loops)
     jam = (f"; register-blocked: {plan.jam[1]} values of {plan.jam[0]} at once, tiles of "
            f"{plan.jam[2]}" if plan.jam else "")
-    return "loops", f"generated loops, order {order} (outer to inner){jam}", 1
+    return "loops", f"generated loops{copies}, order {order} (outer to inner){jam}", 1
 
 
 def _times(f, n: int) -> list[float]:

@@ -199,6 +199,18 @@ class Kernel:
         from .frontends import numpy as host
         return host.run_with_ranges(self, arrays, rng, out, params)
 
+    def kernel_for(self, eq: Equation) -> "Kernel":
+        """The Kernel, with this one's options, that runs statement `eq` derived from this
+        one (relayout.py's statement reading relaid copies); built once per statement."""
+        made = self.__dict__.setdefault("_derived", {})
+        k = made.get(eq)
+        if k is None:
+            from dataclasses import replace
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SummationWarning)
+                k = made[eq] = Kernel(eq, replace(self.options, verbose=0))
+        return k
+
     def uses_blas(self, arrays: dict, rng: dict, out: np.ndarray) -> bool:
         """Whether run_with_ranges hands this call to BLAS (blas.py or blas_shift.py)."""
         from .frontends import numpy as host

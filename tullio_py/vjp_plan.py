@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from . import bind as binding, blas, grad as grad_mod, memo, schedule, vjp_written
+from . import bind as binding, grad as grad_mod, memo, relayout, schedule, vjp_written
+from .relayout import standin
 from .codegen import Source, fused, range_argument
-from .ir import Access, Affine, Equation, IndexValue, map_expr, walk
+from .ir import Access, Affine, Equation, IndexValue, walk
 
 Pairs = tuple       # ((name, value), ...): a dict as frozen, ordered data
 Ranges = tuple      # ((index, start, stop, step), ...): ranges as data (range objects compare
@@ -197,59 +198,20 @@ def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
 
 def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
     """`s` reading copies of some arrays with other axis orders, when that turns its loops
-    (typically a sum over a reduction index innermost: one short sum per output element,
-    whose lanes the compiler adds across at its end) into a register-blocked row form
-    (schedule.jam_choice) along the output's contiguous index `r`: every array read with `r`
-    (step 1) in an axis other than its last gets that axis moved last, in a C-contiguous
-    copy (so is an array read along `r` in its last axis that is not C-contiguous).  The local
-    convolution's dW[p,q,i,j,c1,c2] += dout[p-i,q-j,c2,b] * x[p,q,c1,b] (b innermost, 16
+    into register-blocked rows (relayout.py states the rule, on LocallyConnected2d's dW).  The
+    local convolution's dW[p,q,i,j,c1,c2] += dout[p-i,q-j,c2,b] * x[p,q,c1,b] (b innermost, 16
     long) reads dout[p-i,q-j,b,c2] instead, and c2 runs in the vector lanes for 4 values of
-    c1 at once.  Only when the copies are small next to the work (an eighth of the
-    iterations), so the copies cost little; the sums run in another order (rounding).  The
-    relaid statement is weighed against BLAS over strided views itself (its blocked loops
-    at their own rate; a pure contraction BLAS runs whole stays with BLAS): on one thread
-    the local convolution's dW as it stands went to an im2col plan (1.8 ms CPU) while its
-    relaid loops take 0.73 ms."""
-    eq = s.equation
-    last = eq.lhs.indices[-1] if eq.lhs.indices else None
-    if eq.gathers() or not (isinstance(last, Affine) and last.is_bare):
+    c1 at once.  The relaid statement is weighed against BLAS over strided views itself (its
+    blocked loops at their own rate; a pure contraction BLAS runs whole stays with BLAS): on
+    one thread the local convolution's dW as it stands went to an im2col plan (1.8 ms CPU)
+    while its relaid loops take 0.73 ms.  A Kernel called on its own asks the same question
+    (frontends/numpy.py), so the statement printed and run alone gives the same bits."""
+    got = relayout.choose(kernel_for(s.equation), kernel_for, arrays_of(s, values, params),
+                          as_ranges(s.ranges), values[s.output])
+    if got is None:
         return s
-    r = last.names[0]
-    rng, out = as_ranges(s.ranges), values[s.output]
-    gk = kernel_for(eq)
-    arrays = arrays_of(s, values, params)
-    if (gk.blas_plan is not None and blas.worth(gk.blas_plan, rng, arrays)) or \
-            gk.plan_for(arrays, rng, out.dtype, out.shape)[0].scatter:
-        return s
-    axes: dict = {}
-    for a in eq.accesses():
-        v = values.get(a.array)
-        if a.array == eq.output or not isinstance(v, np.ndarray) or v.ndim < 2:
-            continue
-        dims = [d for d, x in enumerate(a.indices) if r in x.names]
-        if not dims:
-            continue
-        if len(dims) != 1 or not (isinstance(a.indices[dims[0]], Affine)
-                                  and abs(a.indices[dims[0]].coef(r)) == 1):
-            return s
-        order = tuple(d for d in range(v.ndim) if d != dims[0]) + tuple(dims)
-        if axes.setdefault(a.array, order) != order:
-            return s
-    axes = {n: o for n, o in axes.items()
-            if o != tuple(range(len(o))) or not values[n].flags.c_contiguous}
-    work = 1
-    for x in rng.values():
-        work *= len(x)
-    if not axes or 8 * sum(values[n].size for n in axes) > work:
-        return s
-    moved = replace(s, equation=replace(eq, rhs=map_expr(eq.rhs, lambda n: Access(
-        n.array, tuple(n.indices[d] for d in axes[n.array]), n.span)
-        if isinstance(n, Access) and n.array in axes else n)), relayout=tuple(axes.items()))
-    gm = kernel_for(moved.equation)
-    arrays = arrays_of(moved, values, params)
-    if gm.uses_blas(arrays, rng, out) or not gm.plan_for(arrays, rng, out.dtype, out.shape)[0].jam:
-        return s
-    return moved
+    order, moved = got
+    return replace(s, equation=moved, relayout=tuple(order.items()))
 
 
 def arrays_of(s: Statement, ns: dict, params: dict, run: bool = False) -> dict:
@@ -257,11 +219,7 @@ def arrays_of(s: Statement, ns: dict, params: dict, run: bool = False) -> dict:
     (Statement.relayout) as a C-contiguous copy with its axes in that order (`run`: a real
     copy; else a stand-in, for planning)."""
     out = pick(s.equation, {**ns, **dict(s.consts)} if s.consts else ns, params)
-    for n, axes in s.relayout:
-        v = out[n]
-        out[n] = (np.ascontiguousarray(np.transpose(v, axes)) if run
-                  else standin(tuple(v.shape[d] for d in axes), v.dtype))
-    return out
+    return relayout.copies(out, s.relayout, run) if s.relayout else out
 
 
 def gradient_arrays(d, rng: dict, inputs: dict, cot_dtype, complex_mode: bool) -> list:
@@ -332,17 +290,6 @@ def absent(shape, dtype) -> np.ndarray:
 
 
 _ABSENT = memo.Memo("vjp_plan.absent", 256)
-
-
-def standin(shape, dtype) -> np.ndarray:
-    """A C-contiguous array of this shape and dtype backed by one element: what planning
-    looks at (shape, dtype, strides) of an array the run will allocate; never read."""
-    dtype = np.dtype(dtype)
-    strides, step = [], dtype.itemsize
-    for n in reversed(tuple(shape)):
-        strides.insert(0, step)
-        step *= max(n, 1)
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), tuple(shape), tuple(strides))
 
 
 def pick(eq: Equation, ns: dict, params: dict) -> dict:

@@ -4,9 +4,10 @@ last; it takes whatever the others do not: numpy arrays, Python scalars, 0-d arr
 describe: bind.py checks the arrays and infers the ranges, output shape and dtype;
 allocate: a new output (filled where some elements may not be written), or the in-place one;
 launch:   BLAS through numpy for a pure contraction worth it (blas.py), strided-view matmuls
-          when the cost model says so (blas_shift.py), else the compiled loops of
-          `Kernel.prepare` on the `threads` the kernel asks for.
-A call that ran the loops is remembered by the kernel's fast path (callpath.py), which replays
+          when the cost model says so (blas_shift.py), the compiled loops of a moved
+          statement on relaid copies of some reads when relayout.py's rule says so, else the
+          compiled loops of `Kernel.prepare` on the `threads` the kernel asks for.
+A call that ran the loops as they stand is remembered by the kernel's fast path (callpath.py), which replays
 later calls of the same signature without coming here.  `run_with_ranges` runs a statement
 over given ranges instead of inferred ones (the gradient side and dask blocks).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import bind as binding
-from .. import blas, codegen, jit, memory, overlap, schedule
+from .. import blas, codegen, jit, memory, overlap, relayout, schedule
 from ..ir import Gather
 
 
@@ -47,6 +48,8 @@ def call(kernel, arrays: dict):
                memory.empty(b.shape, b.dtype))
     else:
         out = arrays[eq.output]
+    if run_relaid(kernel, arrays, rng, out):
+        return out          # (not remembered: a replay would read the copies of this call)
     prepared, call_ranges, extra_params = kernel.prepare(arrays, rng, b.dtype, out.shape)
     args = arguments(prepared, arrays, out, call_ranges, extra_params)
     launch(kernel, prepared, args)
@@ -93,9 +96,31 @@ def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: di
             loops_blocked(kernel, arrays, rng, out.dtype, out.shape),
             shift_threads(kernel)) is not None:
         return None
+    if run_relaid(kernel, {**arrays, **params}, rng, out):
+        return kernel.last, rng, {}
     prepared, call_ranges, extra = kernel.prepare(arrays, rng, out.dtype, out.shape)
     launch(kernel, prepared, arguments(prepared, {**arrays, **params}, out, call_ranges, extra))
     return prepared, call_ranges, extra
+
+
+def relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
+    """relayout.choose for a call of `kernel` running its loops on the CPU: (axis orders,
+    moved statement) when the call should read relaid copies, else None."""
+    if kernel.target not in ("auto", "cpu"):
+        return None
+    return relayout.choose(kernel, kernel.kernel_for, arrays, rng, out)
+
+
+def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
+    """Run the call as its moved statement on relaid copies (relayout.py) where the rule says
+    so, into `out`; whether it did."""
+    got = relaid(kernel, arrays, rng, out)
+    if got is None:
+        return False
+    order, moved = got
+    ran = kernel.kernel_for(moved).run_with_ranges(relayout.copies(arrays, order), rng, out, {})
+    kernel.last = ran[0] if ran else None
+    return True
 
 
 def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:

@@ -1,0 +1,137 @@
+"""relayout.py: a statement reading copies of some arrays in another axis order, so that its
+loops run register-blocked -- the rule on its worked example and its refusals, and a Kernel
+called on its own (not only the vjp's plan) running such statements: the same numbers as
+numpy and as its plain loops (to rounding), the same bits as the moved statement on explicit
+copies and as the vjp, one choice per call signature."""
+import numpy as np
+import pytest
+
+from tullio_py import kernel, relayout, tullio
+from tullio_py.parse import parse
+
+from test_grad_equations import run_printed
+
+LAYER_DW = "dW[c1,i,j,c2,s,t] += dout[s,t,c2,b] * x[s+i,t+j,c1,b]"
+MATMUL_DA = "dA[i,j] += dC[i,k] * B[j,k]"
+
+
+def rnd(*shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _layer_arrays(S=13, T=21, C1=3, C2=9, B=7, K=3, dtype=np.float32, order="C"):
+    x = rnd(S, T, C1, B, dtype=dtype)
+    dout = rnd(S - K + 1, T - K + 1, C2, B, seed=1, dtype=dtype)
+    dW = np.zeros((C1, K, K, C2, S - K + 1, T - K + 1), dtype)
+    if order == "F":
+        x, dout = np.asfortranarray(x), np.asfortranarray(dout)
+    elif order == "strided":
+        x = np.repeat(x, 2, axis=3)[..., ::2]
+        dout = np.repeat(dout, 2, axis=1)[:, ::2]
+    return x, dout, dW
+
+
+def _layer_numpy(x, dout, K=3):
+    x, dout = x.astype(np.float64), dout.astype(np.float64)
+    S, T = dout.shape[:2]
+    dW = np.zeros((x.shape[2], K, K, dout.shape[2], S, T))
+    for i in range(K):
+        for j in range(K):
+            dW[:, i, j] = np.einsum("stdb,stcb->cdst", dout, x[i:i + S, j:j + T])
+    return dW
+
+
+# ----------------------------------------------------------------------------- the rule
+def test_axes_on_the_worked_example():
+    """t, dW's last index, is axis 1 of dout and of x: both copied with it last; the moved
+    statement reads the copies."""
+    eq = parse(LAYER_DW)
+    x, dout, dW = _layer_arrays(S=32, T=32, C1=8, C2=16, B=16)
+    rng = kernel(LAYER_DW).ranges(x=x, dout=dout, dW=dW)
+    order = relayout.axes(eq, rng, {"x": x, "dout": dout, "dW": dW})
+    assert order == {"dout": (0, 2, 3, 1), "x": (0, 2, 3, 1)}
+    assert str(relayout.moved(eq, order)) == \
+        "dW[c1, i, j, c2, s, t] += dout[s, c2, b, t] * x[s+i, c1, b, t+j]"
+    copies = relayout.copies({"x": x, "dout": dout}, order)
+    assert copies["x"].flags.c_contiguous and copies["x"].ctypes.data % 64 == 0
+    assert np.array_equal(copies["x"], x.transpose(0, 2, 3, 1))
+    assert relayout.copies({"x": x}, {"x": (0, 2, 3, 1)}, run=False)["x"].shape == (32, 8, 16, 32)
+
+
+@pytest.mark.parametrize("expr,arrays,why", [
+    ("y[i,j] := A[i,k] * B[k,j]", dict(A=rnd(64, 64), B=rnd(64, 64)), "j already last"),
+    ("y[i,j+1] := A[i,k] * B[j,k]", dict(A=rnd(64, 64), B=rnd(64, 64)), "last index shifted"),
+    ("y[i,j] := A[i,k] * B[j,k] * B[k,j]", dict(A=rnd(64, 64), B=rnd(64, 64)),
+     "read along j in two axes"),
+    ("y[i,j] := A[i,k] * B[j,k]", dict(A=rnd(4, 4), B=rnd(4, 4)), "copies large next to work"),
+    ("y[i,j] := A[i,k] * B[J[j],k]", dict(A=rnd(64, 64), B=rnd(64, 64),
+                                          J=np.arange(64)), "a gather"),
+])
+def test_axes_refusals(expr, arrays, why):
+    eq = parse(expr)
+    rng = kernel(expr).ranges(**arrays)
+    assert relayout.axes(eq, rng, arrays) == {}, why
+
+
+# ----------------------------------------------------------------------------- a Kernel's own call
+@pytest.mark.parametrize("order", ["C", "F", "strided"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_call_runs_relaid_like_numpy_and_its_plain_loops(order, dtype, monkeypatch):
+    """LocallyConnected2d's dW called on its own reads relaid copies (explain says so), gives
+    numpy's numbers, the same bits as the moved statement run on explicit copies, and its
+    plain loops' numbers to rounding; every call of the signature the same bits."""
+    k = kernel(LAYER_DW)
+    x, dout, dW = _layer_arrays(dtype=dtype, order=order)
+    got = k(x=x, dout=dout, dW=dW.copy())
+    again = k(x=x, dout=dout, dW=dW.copy())
+    assert np.array_equal(got, again)
+    rng = k.ranges(x=x, dout=dout, dW=dW)
+    order_, moved = relayout.choose(k, k.kernel_for, {"x": x, "dout": dout, "dW": dW}, rng, dW)
+    assert order_ == {"dout": (0, 2, 3, 1), "x": (0, 2, 3, 1)}
+    copied = relayout.copies({"x": x, "dout": dout}, order_)
+    by_hand = tullio(str(moved), dW=dW.copy(), **copied)
+    assert np.array_equal(got, by_hand)
+    tol = 1e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(got, _layer_numpy(x, dout), rtol=tol, atol=tol)
+    monkeypatch.setattr(relayout, "choose", lambda *a: None)
+    plain = kernel(LAYER_DW, threads=2)       # (another kernel: nothing remembered)
+    want = plain(x=x, dout=dout, dW=dW.copy())
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_explain_names_the_copies():
+    k = kernel(LAYER_DW)
+    x, dout, dW = _layer_arrays(S=32, T=32, C1=8, C2=16, B=16)
+    e = k.explain(x=x, dout=dout, dW=dW)
+    assert e.path == "loops"
+    assert "copy of dout with axes (0, 2, 3, 1)" in e.detail
+    assert "copy of x with axes (0, 2, 3, 1)" in e.detail
+    assert "register-blocked" in e.detail
+
+
+def test_matmul_gradient_with_blas_off_relays_the_transposed_read():
+    """dA[i,j] += dC[i,k] * B[j,k] with blas=False: B copied as B.T, the row form then
+    register-blocked; numpy's numbers, and a non-contiguous B alike."""
+    k = kernel(MATMUL_DA, blas=False)
+    dC, B = rnd(67, 45), rnd(53, 45, seed=1)
+    for b in (B, np.asfortranarray(B), np.repeat(B, 2, axis=1)[:, ::2]):
+        rng = k.ranges(dC=dC, B=b, dA=np.zeros((67, 53), np.float32))
+        got = relayout.choose(k, k.kernel_for, {"dC": dC, "B": b}, rng,
+                              np.zeros((67, 53), np.float32))
+        assert got is not None and got[0] == {"B": (1, 0)}
+        dA = k(dC=dC, B=b, dA=np.zeros((67, 53), np.float32))
+        np.testing.assert_allclose(dA, dC.astype(np.float64) @ b.T.astype(np.float64),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_printed_gradient_reproduces_the_vjp_bit_for_bit():
+    """The layer's gradient: the vjp's plan reads relaid copies for dW; its printed statements,
+    run one by one with tullio(), make the same choice and so the same bits."""
+    k = kernel("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[c1,i,j,c2,s,t]")
+    x, dout, _ = _layer_arrays(S=18, T=20, C1=3, C2=5, B=4)
+    W = rnd(3, 3, 3, 5, 16, 18, seed=3)
+    out = k(x=x, W=W)
+    g = k.vjp(dout, x=x, W=W)
+    assert any(s.relayout for s in k.gradient_side().last_plan.statements)
+    p = run_printed(k, dout, dict(x=x, W=W), out)
+    assert np.array_equal(p["W"], g["W"]) and np.array_equal(p["x"], g["x"])
