@@ -191,6 +191,41 @@ def test_lane_shifted_read_is_unsigned_and_equals_numpy_and_plain(strided):
     np.testing.assert_allclose(got, plain, rtol=1e-12, atol=1e-12)
 
 
+DEPTHWISE = {e: kernel(e, blas=False) for e in ("y[b,c,i] := x[b,c,i+j] * w[c,j]",
+                                                "y[b,c,i] += x[b,c,i+j] * w[c,j]")}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64])
+@pytest.mark.parametrize("expr", list(DEPTHWISE))
+def test_depthwise_rows_blocked_without_a_shared_read(expr, dtype, layout):
+    """y[b,c,i] (+)= x[b,c,i+j] * w[c,j]: every read of the row is selected by the jammed
+    index, so nothing is shared, but the sums stay in a register tile across j.  Odd sizes
+    (remainders of the jam factor and of the lanes), strided inputs, an accumulated output:
+    the values of the plain plan and of numpy (exactly for integers)."""
+    x, w = rnd(7, 9, 45), rnd(9, 5, seed=1)
+    if dtype == np.int64:
+        x, w = np.round(x * 4), np.round(w * 4)
+    x, w = x.astype(dtype), w.astype(dtype)
+    if layout == "strided":
+        x, w = _strided(x), _strided(w)
+    arrays = dict(x=x, w=w)
+    y0 = rnd(7, 9, 41, seed=2).astype(dtype)
+    if "+=" in expr:
+        arrays["y"] = y0
+    got, plan, plain = _run(DEPTHWISE[expr], arrays)
+    assert plan.jam and plan.jam[1] == schedule.JAM, plan
+    want = sum(x[:, :, j:j + 41].astype(np.float64) * w[None, :, j, None].astype(np.float64)
+               for j in range(5)) + (y0 if "+=" in expr else 0)
+    if dtype == np.int64:
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(plain, want)
+    else:
+        tol = 1e-4 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
+
+
 def test_finaliser_applied_once_per_element():
     A, B = rnd(9, 14), rnd(14, 23, seed=1)
     got, plan, plain = _run(KERNELS[NORM, True], dict(A=A, B=B))
@@ -214,7 +249,9 @@ def _plan(expr, sizes, threads=True, **arrays):
     (MM, dict(i=512, j=512, k=8), ()),                  # a row shorter than 16
     ("C[i,k] := A[i,j] * B[j,k] * (i <= k)", dict(i=64, j=64, k=64), ()),   # a guard on i
     ("(max) C[i,k] := A[i,j] * B[j,k]", dict(i=64, j=64, k=64), ()),       # not a sum
-    ("C[i,k] := A[i,j] * B[i,k]", dict(i=64, j=64, k=64), ()),   # every row read selected by i
+    # every row read selected by i: nothing loaded once for several sums, but the sums stay
+    # in registers across j (the plain row form reloads and restores C's row at each j)
+    ("C[i,k] := A[i,j] * B[i,k]", dict(i=64, j=64, k=64), ("i", 4, 32)),
     ("C[i,k] += C[i,k] * A[i,j] * B[j,k]", dict(i=64, j=64, k=64), ()),   # reads its output
 ])
 def test_jam_rule(expr, sizes, jam):
