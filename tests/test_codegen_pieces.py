@@ -154,3 +154,30 @@ def test_condition_guards_become_checks():
     for i, m in itertools.product(range(4), range(5)):
         assert _run("_start_j", "_stop_j", checks, {"i": i, "_start_j": 0, "_stop_j": m}) == \
             [j for j in range(m) if j != i]
+
+
+# ----------------------------------------------------------------------------- lane positions
+@pytest.mark.parametrize("expr,text,ref", [
+    # a sum over the innermost index i, read at i+j (the depthwise convolution's weight grad)
+    ("dw[c,j] += dy[b,c,i] * x[b,c,i+j]", "x_[b_, c_, _np.uint64(i_+j_)]",
+     lambda dy, x, w: np.stack([np.einsum("bci,bci->c", dy, x[:, :, j:j + 23])
+                                for j in range(5)], 1)),
+    # a pad() read at p-j, p innermost, only where it is inside the array (its input grad)
+    ("dx[b,c,p] += dy[b,c,pad(p-j)] * w[c,j]", "_np.uint64(p_-j_)",
+     lambda dy, x, w: sum(np.pad(dy * w[None, :, j, None], ((0, 0), (0, 0), (j, 4 - j)))
+                          for j in range(5))),
+])
+def test_positions_along_the_innermost_index_are_unsigned(expr, text, ref):
+    """A position that sums the innermost loop's index with others is passed as an unsigned
+    integer (no per-lane wraparound: the compiler vectorises the loads): in the plain CPU
+    nest's text, and the values those of numpy on odd sizes and at the boundaries."""
+    from tullio_py import kernel
+    rng = np.random.default_rng(3)
+    dy, x, w = rng.standard_normal((3, 7, 23)), rng.standard_normal((3, 7, 27)), \
+        rng.standard_normal((7, 5))
+    k = kernel(expr, blas=False)
+    arrays = (dict(dy=dy, x=x, dw=np.zeros((7, 5))) if expr.startswith("dw") else
+              dict(dy=dy, w=w, dx=np.zeros((3, 7, 27))))
+    got = k(**arrays)
+    assert not k.last.plan.jam and text in k.last.source.text
+    np.testing.assert_allclose(got, ref(dy, x, w), rtol=1e-12, atol=1e-12)

@@ -107,6 +107,8 @@ def _render(fz: Fused, shown: tuple) -> Source:
     # One table of hoisted reads: a read shared by two statements is one load.
     hoists = hoist_table((a, level) for _, a, level in fz.reads)
     renders = [Expr(p, hoists=hoists) for p in plans]
+    for x in renders:       # positions along the innermost index unsigned (Expr.lane_indices)
+        x.lane_indices = frozenset({inner})
     # The innermost loop keeps its bounds as arguments: with constant bounds the compiler
     # unrolls it into straight-line code that it cannot vectorise past the stores (local
     # convolution, fused dx and dW: 4.9 ms unrolled, 2.9 ms as a loop).
