@@ -37,7 +37,7 @@ def render_renamed(plan: Plan, shown: Plan, target: str = "cpu") -> Source:
     name the loops as in `shown` (the plan with the user's names)."""
     eq = plan.equation
     x = Expr(plan, target, hoist_table(plan.hoists))
-    if plan.loops:      # the innermost loop's index in the vector lanes (Expr.lane_indices)
+    if plan.loops and target == "cpu":  # the innermost index in the lanes (Expr.lane_indices)
         x.lane_indices = frozenset({plan.loops[-1].index})
     arrays = [eq.output] + [a for a in eq.arrays if a != eq.output]
     bounds = [f"_{w}_{n}" for n in (l.index for l in plan.loops) for w in ("start", "stop")]
