@@ -135,3 +135,18 @@ def test_printed_gradient_reproduces_the_vjp_bit_for_bit():
     assert any(s.relayout for s in k.gradient_side().last_plan.statements)
     p = run_printed(k, dout, dict(x=x, W=W), out)
     assert np.array_equal(p["W"], g["W"]) and np.array_equal(p["x"], g["x"])
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_gradient_code_names_the_copies_either_way(fuse):
+    """With fuse=True the vjp's plan reads B.T; with fuse=False dA's own kernel does (its
+    call's relayout): the printed gradient code says so in both, and the numbers agree."""
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", blas=False, fuse=fuse)
+    A, B = rnd(70, 45), rnd(45, 38, seed=1)
+    cot = rnd(70, 38, seed=2)
+    g = k.vjp(cot, A=A, B=B)
+    np.testing.assert_allclose(g["A"], cot.astype(np.float64) @ B.T.astype(np.float64),
+                               rtol=1e-4, atol=1e-4)
+    code = k.gradient_code
+    assert "# reads a C-ordered copy of B with axes (1, 0) (relayout.py)" in code
+    assert "dC[i, k] * B[k, j]" in code      # the statement that ran (fuse: as '=')

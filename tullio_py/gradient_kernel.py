@@ -313,10 +313,12 @@ class Gradient:
                         text = (f"# constant along dimensions {spread[str(g)]} of the gradient: "
                                 "run without them, spread along them with stride 0 "
                                 "(vjp_plan.spread_dims)\n" + text)
-                    moved = relaid.get(str(g), ())
-                    if moved:
+                    moved = relaid.get(str(g), ()) or next(
+                        (getattr(d, "relaid_reads", ()) for d in self.kernel_for(g).__dict__.get(
+                            "_derived", {}).values() if d.last is rec[0]), ())
+                    if moved:       # (the plan's, or the statement's own call: relayout.py)
                         text = "".join(f"# reads a C-ordered copy of {n} with axes {tuple(a)} "
-                                       "(vjp_plan.relaid)\n" for n, a in moved) + text
+                                       "(relayout.py)\n" for n, a in moved) + text
                 else:
                     text = self.kernel_for(g).source(target=target)
                     if str(g) in record and target == "cpu":    # ran through BLAS (rec None)

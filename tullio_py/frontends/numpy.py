@@ -48,7 +48,7 @@ def call(kernel, arrays: dict):
                memory.empty(b.shape, b.dtype))
     else:
         out = arrays[eq.output]
-    if run_relaid(kernel, arrays, rng, out):
+    if run_relaid(kernel, arrays, rng, out)[0]:
         return out          # (not remembered: a replay would read the copies of this call)
     prepared, call_ranges, extra_params = kernel.prepare(arrays, rng, b.dtype, out.shape)
     args = arguments(prepared, arrays, out, call_ranges, extra_params)
@@ -96,8 +96,9 @@ def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: di
             loops_blocked(kernel, arrays, rng, out.dtype, out.shape),
             shift_threads(kernel)) is not None:
         return None
-    if run_relaid(kernel, {**arrays, **params}, rng, out):
-        return kernel.last, rng, {}
+    done, ran = run_relaid(kernel, {**arrays, **params}, rng, out)
+    if done:
+        return ran
     prepared, call_ranges, extra = kernel.prepare(arrays, rng, out.dtype, out.shape)
     launch(kernel, prepared, arguments(prepared, {**arrays, **params}, out, call_ranges, extra))
     return prepared, call_ranges, extra
@@ -111,16 +112,18 @@ def relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     return relayout.choose(kernel, kernel.kernel_for, arrays, rng, out)
 
 
-def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
+def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     """Run the call as its moved statement on relaid copies (relayout.py) where the rule says
-    so, into `out`; whether it did."""
+    so, into `out`: (whether it did, the moved kernel's run_with_ranges result: what ran)."""
     got = relaid(kernel, arrays, rng, out)
     if got is None:
-        return False
+        return False, None
     order, moved = got
-    ran = kernel.kernel_for(moved).run_with_ranges(relayout.copies(arrays, order), rng, out, {})
-    kernel.last = ran[0] if ran else None
-    return True
+    mk = kernel.kernel_for(moved)
+    mk.relaid_reads = tuple(order.items())      # (what it reads, for gradient_code)
+    ran = mk.run_with_ranges(relayout.copies(arrays, order), rng, out, {})
+    kernel.last = mk.last = ran[0] if ran else None
+    return True, ran
 
 
 def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
