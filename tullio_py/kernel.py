@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -205,7 +205,6 @@ class Kernel:
         made = self.__dict__.setdefault("_derived", {})
         k = made.get(eq)
         if k is None:
-            from dataclasses import replace
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", SummationWarning)
                 k = made[eq] = Kernel(eq, replace(self.options, verbose=0))

@@ -7,8 +7,8 @@ launch:   BLAS through numpy for a pure contraction worth it (blas.py), strided-
           when the cost model says so (blas_shift.py), the compiled loops of a moved
           statement on relaid copies of some reads when relayout.py's rule says so, else the
           compiled loops of `Kernel.prepare` on the `threads` the kernel asks for.
-A call that ran the loops as they stand is remembered by the kernel's fast path (callpath.py), which replays
-later calls of the same signature without coming here.  `run_with_ranges` runs a statement
+A call that ran the loops as they stand is remembered by the kernel's fast path (callpath.py),
+which replays later calls of the same signature without coming here.  `run_with_ranges` runs a statement
 over given ranges instead of inferred ones (the gradient side and dask blocks).
 """
 from __future__ import annotations
