@@ -114,16 +114,20 @@ def relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
 
 def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     """Run the call as its moved statement on relaid copies (relayout.py) where the rule says
-    so, into `out`: (whether it did, the moved kernel's run_with_ranges result: what ran)."""
+    so, into `out`: (whether it did, (prepared, ranges, bound parameters) of what ran).  The
+    moved statement's own loops run directly: relayout.choose has already found that they are
+    register-blocked and that BLAS does not take it."""
     got = relaid(kernel, arrays, rng, out)
     if got is None:
         return False, None
     order, moved = got
     mk = kernel.kernel_for(moved)
     mk.relaid_reads = tuple(order.items())      # (what it reads, for gradient_code)
-    ran = mk.run_with_ranges(relayout.copies(arrays, order), rng, out, {})
-    kernel.last = mk.last = ran[0] if ran else None
-    return True, ran
+    copies = relayout.copies(arrays, order)
+    prepared, call_ranges, extra = mk.prepare(copies, rng, out.dtype, out.shape)
+    launch(mk, prepared, arguments(prepared, copies, out, call_ranges, extra))
+    kernel.last = mk.last = prepared
+    return True, (prepared, call_ranges, extra)
 
 
 def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
