@@ -64,18 +64,18 @@ def row_groups(steps: list, statements, kernels: list, values: dict, params: dic
             for st in steps]
     out, k = [], 0
     while k < len(steps):
-        end, row = k + 1, None
+        end, row, sums = k + 1, None, set()
         while info[k] is not None and end < len(steps) and info[end] is not None:
             group = info[k:end + 1]
             r = rows_mod.row_index([(m[0], m[1]) for m in group])
+            cols = _columns(group, r) if r is not None else set()
             # a fused nest's per-block partial sums must be the group's column sums
-            if r is None or not set(p for m in group for p in m[6]) <= _columns(group, r):
+            if r is None or not set(p for m in group for p in m[6]) <= cols:
                 break
-            row, end = r, end + 1
+            row, end, sums = r, end + 1, cols       # (the column sums of the group so far)
         group = info[k:end]
         if row is not None:
             rng = info[k][1][row]
-            sums = _columns(group, row)
             columns = [n for n in dict.fromkeys(e.output for m in group for e in m[0])
                        if n in sums]
             per_row = sum(values[n].nbytes // max(len(rng), 1) for n in dict.fromkeys(
