@@ -8,7 +8,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas, blas_shift, blas_shift_pad, kernel
+from tullio_py import Kernel, blas, blas_shift, blas_shift_cost, blas_shift_pad, kernel
 
 R = np.random.default_rng(11)
 
@@ -285,10 +285,13 @@ def test_padded_reads_match_the_loops(case, layout, threads, gemm):
     np.testing.assert_allclose(mine.get(eq.output, got), want, rtol=1e-10, atol=1e-10)
 
 
-def test_padded_gradient_runs_through_blas():
+def test_padded_gradient_runs_through_blas(monkeypatch):
     """The printed input gradient of a conv1d, dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j], at a
-    size where BLAS wins: one sub-range per value of j, each a blas_shift plan; equal to the
-    vjp's dx."""
+    size where BLAS wins against plain loops: one sub-range per value of j, each a blas_shift
+    plan; equal to the vjp's dx.  (Its blocked loops on a padded copy of dy, relayout.py, win
+    against both here: 0.76 ms against BLAS's 1.70, one thread; priced as plain loops, the
+    test keeps BLAS.)"""
+    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
     k = Kernel("dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j]", threads=1)
     conv = Kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", threads=1)
     x, w = R.standard_normal((16, 32, 132)), R.standard_normal((32, 32, 5))

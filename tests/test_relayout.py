@@ -150,3 +150,141 @@ def test_gradient_code_names_the_copies_either_way(fuse):
     code = k.gradient_code
     assert "# reads a C-ordered copy of B with axes (1, 0) (relayout.py)" in code
     assert "dC[i, k] * B[k, j]" in code      # the statement that ran (fuse: as '=')
+
+
+# ----------------------------------------------------------------------------- padded copies
+CONV1D_DX = "dx[b, c, p] += dy[b, o, pad(p-j)] * w[o, c, j]"
+NCHW_DX = "dx[b, c, p, q] += dy[b, o, pad(p-i), pad(q-j)] * w[o, c, i, j]"
+NHWC_DX = "dx[b, p, q, c] += dy[b, pad(p-i), pad(q-j), o] * w[i, j, c, o]"
+
+
+def _conv_dx_case(name, dtype=np.float32, layout="C"):
+    """(statement, arrays, numpy's dx in float64) of a convolution's input gradient."""
+    if name == "conv1d":
+        dy, w = rnd(5, 12, 70, dtype=dtype), rnd(12, 9, 5, seed=1, dtype=dtype)
+        dyp = np.pad(dy.astype(np.float64), ((0, 0), (0, 0), (4, 4)))
+        want = sum(np.einsum("bop,oc->bcp", dyp[:, :, 4 - j:78 - j], w[:, :, j].astype(np.float64))
+                   for j in range(5))
+        expr, arrays = CONV1D_DX, {"dy": dy, "w": w, "dx": np.zeros((5, 9, 74), dtype)}
+    elif name == "nchw":
+        dy, w = rnd(3, 10, 19, 21, dtype=dtype), rnd(10, 6, 3, 3, seed=1, dtype=dtype)
+        dyp = np.pad(dy.astype(np.float64), ((0, 0), (0, 0), (2, 2), (2, 2)))
+        want = sum(np.einsum("bopq,oc->bcpq", dyp[:, :, 2 - i:23 - i, 2 - j:25 - j],
+                             w[:, :, i, j].astype(np.float64)) for i in range(3) for j in range(3))
+        expr, arrays = NCHW_DX, {"dy": dy, "w": w, "dx": np.zeros((3, 6, 21, 23), dtype)}
+    else:
+        dy, w = rnd(3, 19, 21, 10, dtype=dtype), rnd(3, 3, 20, 10, seed=1, dtype=dtype)
+        dyp = np.pad(dy.astype(np.float64), ((0, 0), (2, 2), (2, 2), (0, 0)))
+        want = sum(np.einsum("bpqo,co->bpqc", dyp[:, 2 - i:23 - i, 2 - j:25 - j],
+                             w[i, j].astype(np.float64)) for i in range(3) for j in range(3))
+        expr, arrays = NHWC_DX, {"dy": dy, "w": w, "dx": np.zeros((3, 21, 23, 20), dtype)}
+    if layout == "strided":
+        arrays["dy"] = np.repeat(arrays["dy"], 2, axis=1)[:, ::2]
+    elif layout == "F":
+        arrays["dy"] = np.asfortranarray(arrays["dy"])
+    return expr, arrays, want
+
+
+def test_pads_on_the_worked_example():
+    """conv1d's dx: p-j runs from -4 to 73 on dy's 70 along axis 2: 4 pad values before and
+    after; the moved statement reads p-j+4; the copy holds dy inside and 0 around it."""
+    expr, arrays, _ = _conv_dx_case("conv1d")
+    k = kernel(expr)
+    rng = k.ranges(**arrays)
+    assert relayout.pads(parse(expr), rng, arrays) == {"dy": ((0, 0), (0, 0), (4, 4))}
+    got = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
+    assert got is not None
+    order, moved = got
+    assert str(moved) == "dx[b, c, p] += dy[b, o, p-j+4] * w[o, c, j]"
+    assert order["dy"].describe("dy") == "a copy of dy padded with 0 (4 before and 4 after axis 2)"
+    copy = relayout.copies(arrays, order)["dy"]
+    assert copy.shape == (5, 12, 78) and copy.flags.c_contiguous
+    assert np.array_equal(copy[:, :, 4:74], arrays["dy"])
+    assert not copy[:, :, :4].any() and not copy[:, :, 74:].any()
+    assert relayout.in_bounds(moved, rng, relayout.copies(arrays, order, run=False))
+    assert not relayout.in_bounds(moved, rng, arrays)       # dy itself is too short
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["conv1d", "nchw", "nhwc"])
+def test_padded_copy_call_equals_numpy_and_the_plain_loops(name, dtype, layout, monkeypatch):
+    """A convolution's input gradient called on its own (blas=False: the loops, on a padded
+    copy of dy) gives numpy's numbers, the moved statement's bits on explicit copies, the same
+    bits call after call, and its plain loops' numbers to rounding (relayout switched off)."""
+    expr, arrays, want = _conv_dx_case(name, dtype, layout)
+    k = kernel(expr, blas=False)
+    rng = k.ranges(**arrays)
+    order, moved = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
+    assert any(lo or hi for lo, hi in relayout.Copy.of(order["dy"]).pads)
+    assert "padded with 0" in k.explain(**{**arrays, "dx": arrays["dx"].copy()}).detail
+    got = k(**{**arrays, "dx": arrays["dx"].copy()})
+    assert np.array_equal(got, k(**{**arrays, "dx": arrays["dx"].copy()}))
+    by_hand = tullio(str(moved), blas=False, dx=arrays["dx"].copy(),
+                     **relayout.copies({"dy": arrays["dy"], "w": arrays["w"]}, order))
+    assert np.array_equal(got, by_hand)
+    tol = 2e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    monkeypatch.setattr(relayout, "choose", lambda *a, **o: None)
+    plain = kernel(expr, blas=False, threads=2)(**{**arrays, "dx": arrays["dx"].copy()})
+    np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
+
+
+def test_padded_copy_with_a_pad_value_and_accumulation():
+    """pad=1.5: the loops read 1.5 outside dy, and so does the copy; `+=` adds onto dx."""
+    expr, arrays, _ = _conv_dx_case("conv1d", np.float64)
+    k = kernel(expr, blas=False, pad=1.5)
+    rng = k.ranges(**arrays)
+    order, _ = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
+    assert relayout.Copy.of(order["dy"]).fill == 1.5
+    start = rnd(*arrays["dx"].shape, seed=5, dtype=np.float64)
+    got = k(**{**arrays, "dx": start.copy()})
+    dyp = np.pad(arrays["dy"], ((0, 0), (0, 0), (4, 4)), constant_values=1.5)
+    want = start + sum(np.einsum("bop,oc->bcp", dyp[:, :, 4 - j:78 - j], arrays["w"][:, :, j])
+                       for j in range(5))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_other_factor_keeps_the_guarded_loops(bad, monkeypatch):
+    """Under a sum with pad 0 the loops skip the terms outside dy; a copy would add 0 * w
+    there, NaN for an infinite or NaN w.  Such a call keeps its loops (the same NaNs and
+    values as with relayout switched off); the next finite call pads again."""
+    expr, arrays, _ = _conv_dx_case("conv1d", np.float64)
+    k = kernel(expr, blas=False)
+    rng = k.ranges(**arrays)
+    w = arrays["w"].copy()
+    w[3, 2, 4] = bad
+    odd = {**arrays, "w": w}
+    assert relayout.choose(k, k.kernel_for, odd, rng, arrays["dx"]) is None
+    got = k(**{**odd, "dx": arrays["dx"].copy()})
+    assert relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"]) is not None
+    monkeypatch.setattr(relayout, "choose", lambda *a, **o: None)
+    want = kernel(expr, blas=False)(**{**odd, "dx": arrays["dx"].copy()})
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("expr,why", [
+    ("dx[b, c, p] += dy[b, o, pad(p-j)] * w[o, c, j] * v[c]", "three factors under pad 0"),
+    ("dx[b, c, p] += dy[b, o, pad(p-j, 4, 4)] * w[o, c, j]", "a pad with bounds of its own"),
+])
+def test_padded_copy_refusals(expr, why):
+    _, arrays, _ = _conv_dx_case("conv1d", np.float64)
+    if "v[c]" in expr:
+        arrays["v"] = np.ones(9)
+    else:
+        arrays["dx"] = np.zeros((5, 9, 82))
+    k = kernel(expr, blas=False)
+    assert relayout.padded(k, k.ranges(**arrays), arrays) == {}, why
+
+
+def test_pad_value_that_the_array_cannot_hold_is_refused():
+    """An integer dy cannot hold the pad value 1.5: no padded copy (the loops read 1.5 as a
+    float)."""
+    _, arrays, _ = _conv_dx_case("conv1d", np.float64)
+    arrays["dy"] = np.arange(arrays["dy"].size).reshape(arrays["dy"].shape) % 7
+    k = kernel(CONV1D_DX, blas=False, pad=1.5)
+    assert relayout.padded(k, k.ranges(**arrays), arrays) == {}
+    assert relayout.padded(kernel(CONV1D_DX, blas=False, pad=2.0),
+                           k.ranges(**arrays), arrays) != {}

@@ -216,7 +216,8 @@ def test_hoisted_read_and_row_code():
     k, out = _call("out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s+i,t+j,i,j,c1,c2]",
                    dict(x=x, W=W), threads=False)
     code = k.forward_code
-    assert "_h0 = W_[" in code and "* _h0" in code      # user names end in _ in the code
+    # user names end in _ in the code (the read of W hoisted once per jammed value of t)
+    assert "_h0_0 = W_[" in code and "* _h0_0" in code
 
 
 # ----------------------------------------------------------------------------- BLAS dispatch

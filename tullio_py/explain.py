@@ -100,7 +100,7 @@ def _path(k, arrays, rng, out, shape, dtype):
     if moved is not None:
         axes, eq = moved
         k, arrays = k.kernel_for(eq), relayout.copies(arrays, axes, run=False)
-        copies = "".join(f" on a C-ordered copy of {n} with axes {a}" for n, a in axes.items())
+        copies = "".join(f" on {relayout.Copy.of(a).describe(n)}" for n, a in axes.items())
         copies = f"{copies} (relayout.py: {eq})"
     plan, _, _ = k.plan_for(arrays, rng, dtype, shape)
     order = ", ".join(f"{l.index}{' (parallel)' if l.parallel else ''}" for l in plan.loops)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import bind as binding
-from . import grad as grad_mod, grad_print, jit, memo, memory, rewrite, schedule, vjp_plan, vjp_rows, vjp_run
+from . import grad as grad_mod, grad_print, jit, memo, memory, relayout, rewrite, schedule, vjp_plan, vjp_rows, vjp_run
 from .errors import GradientError, SummationWarning
 from .signature import ArraySig, CallSignature
 from .ir import Access, Affine, Compare, Const, Equation, Param, Wrapped
@@ -317,7 +317,7 @@ class Gradient:
                         (getattr(d, "relaid_reads", ()) for d in self.kernel_for(g).__dict__.get(
                             "_derived", {}).values() if d.last is rec[0]), ())
                     if moved:       # (the plan's, or the statement's own call: relayout.py)
-                        text = "".join(f"# reads a C-ordered copy of {n} with axes {tuple(a)} "
+                        text = "".join(f"# reads {relayout.Copy.of(a).describe(n)} "
                                        "(relayout.py)\n" for n, a in moved) + text
                 else:
                     text = self.kernel_for(g).source(target=target)

@@ -267,7 +267,7 @@ class Kernel:
         # Every choice of the plan that changes the code (block depends on the sizes).
         key = CompileKey.of(text, dtype, target, parallel,
                             (plan.loops, plan.fixed, plan.form, plan.block, plan.jam,
-                             bool(plan.jam) and plan.jam_rest, plan.chunked, plan.partial,
+                             plan.chunked, plan.partial,
                              plan.collapse, plan.lanes, plan.pack)
                             + (("wide",) if plan.wide and not plan.jam else ()), arrays)
         return plan, key, low

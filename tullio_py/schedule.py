@@ -77,8 +77,6 @@ class Plan:
     jam: tuple = ()               # (index, factor, lanes): row form, register-blocked (see
                                   # jam_choice): `factor` values of that left index at once,
                                   # each with `lanes` elements of the row in accumulators
-    jam_rest: bool = True         # the jammed index's range leaves values over (not a
-                                  # multiple of `factor`): the nest for them is compiled
     hoists: tuple = ()            # (read, loop level): a read that does not depend on the
                                   # innermost loop, loaded once into a local just inside loop
                                   # number `level` (-1: before every loop); see hoisted_reads
@@ -194,7 +192,8 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # The contiguous index is a left index: run it innermost, each reduction step updating
         # a whole row of the output (or of a small accumulator), reductions outside it.
         form, row = "row", best
-        order = [n for n in left if n != best] + red + [best]
+        order = [n for n in jam_last(eq, [n for n in left if n != best], best, ranges)] \
+            + red + [best]
     else:
         if best in red:
             red.remove(best)
@@ -277,14 +276,17 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # the row; each at most SHORT_LOOP): the compiler drops the tile loops' bookkeeping,
         # which a short sum does not outweigh.  Local convolution dW[p,q,i,j,c1,c2] (c1 8, b 16
         # summed, c2 16): its loops 0.68-0.73 -> 0.41 ms, one thread, machine loaded.
+        # The reductions only when all of them are short: a short reduction inside a long one
+        # (conv1d y[b,o,i] := x[b,c,i+j] * w[o,c,j], j of 5 inside c of 64) is unrolled
+        # whole, and the compiler then loads the broadcasts of all its steps at once and
+        # spills them: that forward at 32x64x260 float32, 47-70 -> 105-109 GFLOP/s one
+        # thread, 71-74 -> 181-208 two (AMD Zen 4, AVX-512).
+        short = all(len(ranges[n]) <= SHORT_LOOP for n in red)
         fixed = tuple((n, ranges[n].start, ranges[n].stop) for n in order[order.index(jam[0]):]
-                      if len(ranges[n]) <= SHORT_LOOP)
-    # (a second parallel loop nest costs about as much compile time as the tiles' own: 1.6 of
-    # the local convolution's 3.2 s; only the plan's own ranges reach its compiled code)
-    rest = bool(jam) and len(ranges[jam[0]]) % jam[1] != 0
+                      if len(ranges[n]) <= SHORT_LOOP and (short or n not in red))
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
-                lanes=lanes, fixed=fixed, block=block, jam=jam, jam_rest=rest,
+                lanes=lanes, fixed=fixed, block=block, jam=jam,
                 hoists=hoisted_reads(eq, loops),
                 wide=vector_bytes >= 64 and (bool(jam) or _vector_math(eq, kind)),
                 pack=bool(jam) and len(ranges[jam[0]]) >= PACK_BLOCKS * jam[1])
@@ -342,6 +344,26 @@ def jam_choice(eq: Equation, loops: tuple, ranges: dict, guards, out_dtype: str,
     if not lanes or any({v, r} & set(g.expr.names) for g in guards):
         return ()
     return (v, factor, lanes)
+
+
+def jam_last(eq: Equation, left: list, row: str, ranges: dict) -> list:
+    """The left indices of a row-form nest (outer to inner, the row excluded), the one to be
+    jammed (jam_choice: the last) chosen so that the fewest reads along the row depend on it:
+    a read of the row that the jammed index selects is loaded once per jammed value (`factor`
+    vector loads per reduction step), one it does not select once for all of them.  Ties keep
+    the given order.  conv2d NCHW y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]: h (x depends on
+    it: 8 vector loads and one broadcast of w per step) gives way to o (one vector load of x
+    and 8 broadcasts of w)."""
+    rows = [{n for s in a.indices for n in s.names} for a in factor_reads(eq.rhs)]
+    rows = [names for names in rows if row in names]
+    fit = [n for n in left if len(ranges[n]) >= JAM]
+    if not fit:
+        return left
+    best = min(reversed(fit), key=lambda n: sum(n in names for names in rows))
+    if sum(best in names for names in rows) == sum(left[-1] in names for names in rows) \
+            and left[-1] in fit:
+        return left
+    return [n for n in left if n != best] + [best]
 
 
 def hoisted_reads(eq: Equation, loops: tuple) -> tuple:

@@ -150,12 +150,14 @@ def whole_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
 
 def loops_blocked(kernel, arrays: dict, rng: dict, dtype, shape):
     """blas_shift's question, asked only when it has a plan to weigh: would the generated
-    loops of this call be register-blocked (Plan.jam), and so several times faster than plain
-    loops?  A planning failure answers no (the plain-loop rate, the older rule); the loops
-    report it themselves if they run."""
+    loops of this call be register-blocked (Plan.jam), as they stand or on relaid copies
+    (relayout.py: a padded copy of conv1d's dy turns its dx into blocked loops), and so several
+    times faster than plain loops?  A planning failure answers no (the plain-loop rate, the
+    older rule); the loops report it themselves if they run."""
     def blocked() -> bool:
         try:
-            return bool(kernel.plan_for(arrays, rng, dtype, shape)[0].jam)
+            return bool(kernel.plan_for(arrays, rng, dtype, shape)[0].jam) or \
+                relaid(kernel, arrays, rng, relayout.standin(shape, dtype)) is not None
         except Exception:       # noqa: BLE001  (a cost question only; see above)
             return False
     return blocked
