@@ -104,7 +104,7 @@ def render_jam(nest):
             f"_f0 = {start} + _jb * {factor} - _j0\n"
             f"_acc = _np.empty(({factor}, {lanes}), _T)\n" + row_tiles)
     loads(kj)
-    out.add(f"for _rb in range(_nr):")
+    out.add("for _rb in range(_nr):")
     out.depth += 1
     # (max(.., _lo): the compiler then knows that _r0 >= 0 where _lo is, so it drops the
     # negative-index wraparound and vectorises the tiles: 2x faster)
