@@ -86,7 +86,7 @@ def test_kernel_call_runs_relaid_like_numpy_and_its_plain_loops(order, dtype, mo
     again = k(x=x, dout=dout, dW=dW.copy())
     assert np.array_equal(got, again)
     rng = k.ranges(x=x, dout=dout, dW=dW)
-    order_, moved = relayout.choose(k, k.kernel_for, {"x": x, "dout": dout, "dW": dW}, rng, dW)
+    order_, moved, _ = relayout.choose(k, k.kernel_for, {"x": x, "dout": dout, "dW": dW}, rng, dW)
     assert order_ == {"dout": (0, 2, 3, 1), "x": (0, 2, 3, 1)}
     copied = relayout.copies({"x": x, "dout": dout}, order_)
     by_hand = tullio(str(moved), dW=dW.copy(), **copied)
@@ -194,7 +194,7 @@ def test_pads_on_the_worked_example():
     assert relayout.pads(parse(expr), rng, arrays) == {"dy": ((0, 0), (0, 0), (4, 4))}
     got = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
     assert got is not None
-    order, moved = got
+    order, moved, _ = got
     assert str(moved) == "dx[b, c, p] += dy[b, o, p-j+4] * w[o, c, j]"
     assert order["dy"].describe("dy") == "a copy of dy padded with 0 (4 before and 4 after axis 2)"
     copy = relayout.copies(arrays, order)["dy"]
@@ -215,7 +215,7 @@ def test_padded_copy_call_equals_numpy_and_the_plain_loops(name, dtype, layout, 
     expr, arrays, want = _conv_dx_case(name, dtype, layout)
     k = kernel(expr, blas=False)
     rng = k.ranges(**arrays)
-    order, moved = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
+    order, moved, _ = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
     assert any(lo or hi for lo, hi in relayout.Copy.of(order["dy"]).pads)
     assert "padded with 0" in k.explain(**{**arrays, "dx": arrays["dx"].copy()}).detail
     got = k(**{**arrays, "dx": arrays["dx"].copy()})
@@ -235,7 +235,7 @@ def test_padded_copy_with_a_pad_value_and_accumulation():
     expr, arrays, _ = _conv_dx_case("conv1d", np.float64)
     k = kernel(expr, blas=False, pad=1.5)
     rng = k.ranges(**arrays)
-    order, _ = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
+    order, _, _ = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
     assert relayout.Copy.of(order["dy"]).fill == 1.5
     start = rnd(*arrays["dx"].shape, seed=5, dtype=np.float64)
     got = k(**{**arrays, "dx": start.copy()})
@@ -288,3 +288,47 @@ def test_pad_value_that_the_array_cannot_hold_is_refused():
     assert relayout.padded(k, k.ranges(**arrays), arrays) == {}
     assert relayout.padded(kernel(CONV1D_DX, blas=False, pad=2.0),
                            k.ranges(**arrays), arrays) != {}
+
+
+def test_shifted_left_side_runs_as_the_padded_gather():
+    """dx[b,c,i+j] += dy[b,o,i] * w[o,c,j] (conv1d's gradient as the vjp holds it) runs as the
+    gather its loops run, the mask its pad read implies dropped, on a padded copy of dy: the
+    printed statement's bits; the vjp's dx and the printed gradient run alone agree bit for
+    bit, with numpy's numbers; gradient_code names the copy."""
+    _, arrays, want = _conv_dx_case("conv1d", np.float64)
+    scatter = kernel("dx[b, c, i+j] += dy[b, o, i] * w[o, c, j]", blas=False)
+    rng = scatter.ranges(**arrays)
+    order, moved, mrng = relayout.choose(scatter, scatter.kernel_for, arrays, rng, arrays["dx"])
+    assert str(moved) == "dx[b, c, p] += dy[b, o, p-j+4] * w[o, c, j]"
+    assert set(mrng) == {"b", "c", "p", "o", "j"} and len(mrng["p"]) == 74
+    got = scatter(**{**arrays, "dx": arrays["dx"].copy()})
+    printed = kernel(CONV1D_DX, blas=False)(**{**arrays, "dx": arrays["dx"].copy()})
+    assert np.array_equal(got, printed)
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+    fwd = kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", blas=False)
+    x = rnd(5, 9, 74, seed=4, dtype=np.float64)
+    y = fwd(x=x, w=arrays["w"])
+    for fuse in (True, False):
+        k = kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", blas=False, fuse=fuse)
+        g = k.vjp(arrays["dy"], x=x, w=arrays["w"])
+        p = run_printed(k, arrays["dy"], dict(x=x, w=arrays["w"]), y)
+        assert np.array_equal(g["x"], p["x"]) and np.array_equal(g["x"], got)
+        assert "# reads a copy of dy padded with 0 (4 before and 4 after axis 2)" in \
+            k.gradient_code
+
+
+def test_part_of_the_range_keeps_the_mask_and_the_loops():
+    """Over part of i (a dask block), the rewritten gather keeps its mask (it is not the pad
+    read's guard): no padded copy, and the plain loops' numbers."""
+    _, arrays, _ = _conv_dx_case("conv1d", np.float64)
+    scatter = kernel("dx[b, c, i+j] += dy[b, o, i] * w[o, c, j]", blas=False)
+    rng = dict(scatter.ranges(**arrays))
+    rng["i"] = range(10, 40)
+    assert relayout.choose(scatter, scatter.kernel_for, arrays, rng, arrays["dx"]) is None
+    out = np.zeros_like(arrays["dx"])
+    scatter.run_with_ranges({"dy": arrays["dy"], "w": arrays["w"]}, rng, out, {})
+    want = np.zeros_like(out)
+    for j in range(5):
+        want[:, :, 10 + j:40 + j] += np.einsum("boi,oc->bci", arrays["dy"][:, :, 10:40],
+                                               arrays["w"][:, :, j])
+    np.testing.assert_allclose(out, want, rtol=1e-11, atol=1e-11)

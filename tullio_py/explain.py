@@ -98,7 +98,7 @@ def _path(k, arrays, rng, out, shape, dtype):
     from .frontends.numpy import relaid
     moved, copies = relaid(k, arrays, rng, out if out is not None else standin(shape, dtype)), ""
     if moved is not None:
-        axes, eq = moved
+        axes, eq, rng = moved
         k, arrays = k.kernel_for(eq), relayout.copies(arrays, axes, run=False)
         copies = "".join(f" on {relayout.Copy.of(a).describe(n)}" for n, a in axes.items())
         copies = f"{copies} (relayout.py: {eq})"

@@ -52,8 +52,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import blas, memory
-from .guards import top_factors
-from .ir import Access, Affine, Equation, Wrapped, map_expr
+from .guards import linear, top_factors
+from .ir import Access, Affine, Binary, Compare, Equation, Param, Wrapped, map_expr
 from .ranges import affine_bounds
 
 # A copy pays when its elements are at most this fraction of the statement's iterations.
@@ -200,17 +200,30 @@ def in_bounds(eq: Equation, rng: dict, arrays: dict) -> bool:
     return True
 
 
-def choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: bool = True):
-    """(axis orders, moved Equation) when `kernel`'s statement over `rng`, reading `arrays`
-    into `out` (an array or a stand-in of its shape and dtype), should read relaid copies
-    (the rule of this module); None when it runs as it stands.  `kernel_for(eq)`: the Kernel
-    that runs a moved statement.  `pad` False: no padded copies (their choice may depend on
-    the call's values, see `padded`: a plan kept for a signature must not make it)."""
-    eq = kernel.equation
+def choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: bool = True,
+           finite: bool = False):
+    """(axis orders, moved Equation, its ranges) when `kernel`'s statement over `rng`, reading
+    `arrays` into `out` (an array or a stand-in of its shape and dtype), should read relaid
+    copies (the rule of this module); None when it runs as it stands.  `kernel_for(eq)`: the
+    Kernel that runs a moved statement.  `pad` False: no padded copies (their choice may
+    depend on the call's values, see `padded`: a plan kept for a signature must not make it).
+    A statement with a shifted left side is weighed as the gather its loops run (`gather`).
+    `finite`: take the values `padded` checks as finite (what the signature alone decides)."""
     if kernel.blas_plan is not None and blas.worth(kernel.blas_plan, rng, arrays):
         return None
-    order, widths = axes(eq, rng, arrays), padded(kernel, rng, arrays) if pad else {}
-    if not (order or widths) or kernel.plan_for(arrays, rng, out.dtype, out.shape)[0].scatter:
+    plan, _, low = kernel.plan_for(arrays, rng, out.dtype, out.shape)
+    if plan.scatter:
+        return None
+    if low.solved is not None:
+        if not pad:
+            return None
+        eq, rng = gather(low, arrays)
+        if eq is None:
+            return None
+        kernel = kernel_for(eq)
+    eq = kernel.equation
+    order, widths = axes(eq, rng, arrays), padded(kernel, rng, arrays, finite) if pad else {}
+    if not (order or widths):
         return None
     if widths:
         if eq.gathers() or sum(arrays[n].size for n in (*order, *widths)) > \
@@ -228,10 +241,52 @@ def choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: bo
         return None
     if gm.uses_blas(stand, rng, out) or not gm.plan_for(stand, rng, out.dtype, out.shape)[0].jam:
         return None
-    return order, m
+    return order, m, rng
 
 
-def padded(kernel, rng: dict, arrays: dict) -> dict:
+def may_pad(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
+    """Whether a call of `kernel` of this signature reads a padded copy when the values it
+    checks are finite (`padded`): a plan kept for the signature runs such a statement on its
+    own kernel's call, so that the choice is made there, on the call's values (vjp_plan.py)."""
+    got = choose(kernel, kernel.kernel_for, arrays, rng, out, finite=True)
+    return got is not None and any(Copy.of(c).pads for c in got[0].values())
+
+
+def gather(low, arrays: dict) -> tuple:
+    """(statement, ranges) of a rewritten shifted left side (rewrite.Lowered) without the masks
+    that its pad reads imply, or (None, None) when a mask remains.  conv1d's input gradient
+    dx[b,c,i+j] += dy[b,o,i] * w[o,c,j] runs as dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j] *
+    (_lo_i <= p - j < _hi_i); over the whole of i, lo = 0 and hi = dy's length: the mask keeps
+    exactly the terms the pad read's guard keeps, and the statement is the printed one."""
+    eq, bounds = low.equation, low.bound_params
+    pads = {}
+    for a in top_factors(eq.rhs):
+        if isinstance(a, Access):
+            for d, s in enumerate(a.indices):
+                v = arrays.get(a.array)
+                if isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine) \
+                        and s.lo is None and isinstance(v, np.ndarray):
+                    pads.setdefault((tuple(sorted(s.inner.terms)), s.inner.const),
+                                    []).append(v.shape[d])
+    kept = []
+    for f in top_factors(eq.rhs):
+        if isinstance(f, Compare) and f.ops == ("<=", "<") and all(
+                isinstance(x, Param) and x.name in bounds for x in f.operands[::2]):
+            e = linear(f.operands[1])
+            lo, hi = bounds[f.operands[0].name], bounds[f.operands[2].name]
+            if e is not None and not e[1] and any(
+                    lo <= 0 and hi >= n
+                    for n in pads.get((tuple(sorted(e[0].terms)), e[0].const + e[2]), ())):
+                continue
+            return None, None
+        kept.append(f)
+    rhs = kept[0]
+    for f in kept[1:]:
+        rhs = Binary("*", rhs, f)
+    return replace(eq, rhs=rhs), dict(low.ranges)
+
+
+def padded(kernel, rng: dict, arrays: dict, finite: bool = False) -> dict:
     """pads() for `kernel`'s call where the copy gives the loops' numbers exactly; else {}.
 
     The pad value must fit the padded arrays' dtypes.  Under a sum with pad value 0, a read
@@ -257,7 +312,8 @@ def padded(kernel, rng: dict, arrays: dict) -> dict:
         if len(factors) != 2 or len(guard) != 1 or not isinstance(others[0], Access):
             return {}
         v = arrays.get(others[0].array)
-        if not isinstance(v, np.ndarray) or (v.dtype.kind in "fc" and not np.isfinite(v).all()):
+        if not isinstance(v, np.ndarray) or (v.dtype.kind in "fc" and not finite
+                                             and not np.isfinite(v).all()):
             return {}
     return widths
 

@@ -181,7 +181,7 @@ def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
         # (a statement relayout.py may read through a padded copy runs alone: its kernel's
         # call makes that choice, on the call's values, as the statement printed would)
         if k >= helpers and fuse and gk.target in ("auto", "cpu") and not blas and \
-                not s.relayout and not relayout.pads(s.equation, rng, arrays):
+                not s.relayout and not relayout.may_pad(gk, arrays, rng, out):
             loops.append((k, *gk.plan_for(arrays, rng, out.dtype, out.shape)))
         else:
             steps.append(Step("blas" if blas else "loops", (k,)))
@@ -213,7 +213,7 @@ def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
                           as_ranges(s.ranges), values[s.output], pad=False)
     if got is None:
         return s
-    order, moved = got
+    order, moved, _ = got       # (the statement's own ranges: no rewritten gather unpadded)
     return replace(s, equation=moved, relayout=tuple(order.items()))
 
 

@@ -106,7 +106,7 @@ def run_with_ranges(kernel, arrays: dict, rng: dict, out: np.ndarray, params: di
 
 def relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     """relayout.choose for a call of `kernel` running its loops on the CPU: (axis orders,
-    moved statement) when the call should read relaid copies, else None."""
+    moved statement, its ranges) when the call should read relaid copies, else None."""
     if kernel.target not in ("auto", "cpu"):
         return None
     return relayout.choose(kernel, kernel.kernel_for, arrays, rng, out)
@@ -120,7 +120,7 @@ def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     got = relaid(kernel, arrays, rng, out)
     if got is None:
         return False, None
-    order, moved = got
+    order, moved, rng = got
     mk = kernel.kernel_for(moved)
     mk.relaid_reads = tuple(order.items())      # (what it reads, for gradient_code)
     copies = relayout.copies(arrays, order)
