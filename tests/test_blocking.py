@@ -376,7 +376,7 @@ def test_gradient_relaid_blocked_equals_numpy_and_plain(expr, strided, monkeypat
     np.testing.assert_allclose(got["x"], dx, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got["W"], dW, rtol=1e-4, atol=1e-4)
     monkeypatch.setattr(vjp_plan, "relaid", lambda s, *a: s)      # the plain plan (and no
-    monkeypatch.setattr(relayout, "choose", lambda *a: None)       # statement's own copies)
+    monkeypatch.setattr(relayout, "choose", lambda *a, **o: None)       # statement's own copies)
     plain = Gradient(k)
     want = plain.vjp(cot, x=x, W=W)
     assert all(not s.relayout for s in plain.last_plan.statements)

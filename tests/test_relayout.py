@@ -93,7 +93,7 @@ def test_kernel_call_runs_relaid_like_numpy_and_its_plain_loops(order, dtype, mo
     assert np.array_equal(got, by_hand)
     tol = 1e-4 if dtype == np.float32 else 1e-11
     np.testing.assert_allclose(got, _layer_numpy(x, dout), rtol=tol, atol=tol)
-    monkeypatch.setattr(relayout, "choose", lambda *a: None)
+    monkeypatch.setattr(relayout, "choose", lambda *a, **o: None)
     plain = kernel(LAYER_DW, threads=2)       # (another kernel: nothing remembered)
     want = plain(x=x, dout=dout, dW=dW.copy())
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
@@ -231,18 +231,27 @@ def test_padded_copy_call_equals_numpy_and_the_plain_loops(name, dtype, layout, 
 
 
 def test_padded_copy_with_a_pad_value_and_accumulation():
-    """pad=1.5: the loops read 1.5 outside dy, and so does the copy; `+=` adds onto dx."""
+    """pad=1.5: the loops read 1.5 outside dy, and so does a copy filled with it; the moved
+    statement on that copy, accumulating onto dx, gives numpy's numbers.  (Such a call keeps
+    its own loops: with a pad value that is not 0 the read is no guard, and they are
+    register-blocked already.)"""
     expr, arrays, _ = _conv_dx_case("conv1d", np.float64)
     k = kernel(expr, blas=False, pad=1.5)
     rng = k.ranges(**arrays)
-    order, _, _ = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
-    assert relayout.Copy.of(order["dy"]).fill == 1.5
+    assert relayout.padded(k, rng, arrays) == {"dy": ((0, 0), (0, 0), (4, 4))}
+    assert relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"]) is None
+    order = {"dy": relayout.Copy((0, 1, 2), ((0, 0), (0, 0), (4, 4)), 1.5)}
+    copy = relayout.copies(arrays, order)["dy"]
+    assert (copy[:, :, :4] == 1.5).all() and (copy[:, :, 74:] == 1.5).all()
     start = rnd(*arrays["dx"].shape, seed=5, dtype=np.float64)
-    got = k(**{**arrays, "dx": start.copy()})
+    moved = relayout.moved(parse(expr), order)
+    by_hand = tullio(str(moved), blas=False, dx=start.copy(), dy=copy, w=arrays["w"])
     dyp = np.pad(arrays["dy"], ((0, 0), (0, 0), (4, 4)), constant_values=1.5)
     want = start + sum(np.einsum("bop,oc->bcp", dyp[:, :, 4 - j:78 - j], arrays["w"][:, :, j])
                        for j in range(5))
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(by_hand, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(k(**{**arrays, "dx": start.copy()}), want, rtol=1e-12,
+                               atol=1e-12)
 
 
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])

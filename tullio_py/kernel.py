@@ -244,8 +244,10 @@ class Kernel:
     def _plan_for(self, arrays, rng, dtype, out_shape):
         eq = self.equation
         if self._lowered is None:       # the statement's rewrite, once per kernel
-            self._lowered = rewrite.lower(eq)
-            self._lowered_text = str(self._lowered.equation)
+            lowered = rewrite.lower(eq)
+            # (the text first: threads planning dask blocks at once read both)
+            self._lowered_text = str(lowered.equation)
+            self._lowered = lowered
         low, text = rewrite.lower(eq, rng, out_shape, static=self._lowered), self._lowered_text
         if low.solved is not None and rewrite.injective(eq, rng):
             low = rewrite.unsolved(eq, rng)         # writes each element once: as a scatter
