@@ -520,3 +520,39 @@ def test_one_thread_gradient_relaid_blocked():
     dx, dW = _local_numpy(LOCAL, x, W, cot)
     np.testing.assert_allclose(got["x"], dx, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got["W"], dW, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_jam_index_is_one_the_rows_reads_do_not_select(dtype):
+    """conv2d NCHW y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]: the row v is read from x, which
+    h selects and o does not: o is jammed (one load of x for all its values, schedule.jam_last),
+    not h; numpy's numbers and the unblocked plan's, on odd sizes (o 13: an overlapping last
+    block of o)."""
+    x, w = rnd(16, 5, 9, 37, dtype=dtype), rnd(13, 5, 3, 3, seed=1, dtype=dtype)
+    k = kernel("y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]", blas=False)
+    got, plan, plain = _run(k, dict(x=x, w=w))
+    assert plan.jam and plan.jam[0] == "o", plan.jam
+    want = sum(np.einsum("bchv,oc->bohv", x[:, :, i:i + 7, j:j + 35].astype(np.float64),
+                         w[:, :, i, j].astype(np.float64)) for i in range(3) for j in range(3))
+    tol = 2e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, plain, rtol=tol, atol=tol)
+
+
+def test_short_reductions_are_constants_only_when_all_are():
+    """conv1d y[b,o,i] := x[b,c,i+j] * w[o,c,j] with c of 40 (above SHORT_LOOP): j (5) keeps
+    its bounds as arguments, unlike the tile's own short extents; conv2d NHWC, whose reductions
+    are all short, bakes them all in.  Both give numpy's numbers."""
+    x, w = rnd(16, 40, 70), rnd(16, 40, 5, seed=1)
+    k = kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", blas=False)
+    got, plan, _ = _run(k, dict(x=x, w=w))
+    assert plan.jam and {f[0] for f in plan.fixed} & {"c", "j"} == set(), plan.fixed
+    want = sum(np.einsum("bci,oc->boi", x[:, :, j:j + 66], w[:, :, j]) for j in range(5))
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+    x2, w2 = rnd(16, 9, 11, 8), rnd(3, 3, 8, 16, seed=1)
+    k2 = kernel("y[b,h,v,o] := x[b,h+i,v+j,c] * w[i,j,c,o]", blas=False)
+    got2, plan2, _ = _run(k2, dict(x=x2, w=w2))
+    assert plan2.jam and {"i", "j", "c"} <= {f[0] for f in plan2.fixed}, plan2.fixed
+    want2 = sum(np.einsum("bhvc,co->bhvo", x2[:, i:i + 7, j:j + 9], w2[i, j])
+                for i in range(3) for j in range(3))
+    np.testing.assert_allclose(got2, want2, rtol=1e-11, atol=1e-11)
