@@ -34,6 +34,14 @@ KERNELS = {name: (Kernel(expr, threads=1), kernel(expr, blas=False))
            for name, (expr, _, _) in CASES.items()}
 
 
+@pytest.fixture(autouse=True)
+def _blocked_as_plain(monkeypatch):
+    """Register-blocked loops priced like plain ones: this module checks the BLAS plans, on
+    cases sized for BLAS against plain loops, which blocked loops (on padded copies for the
+    pad reads, relayout.py) beat at their own rate (test_blas_shift.py says more)."""
+    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
+
+
 def _noncontiguous(a):
     """The same values in memory reversed and strided (every other element of a bigger
     array, axes in reverse order)."""
