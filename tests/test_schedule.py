@@ -429,3 +429,16 @@ def test_a_fused_split_gives_way_to_register_blocking():
     att = dict(b=range(8), h=range(8), i=range(128), j=range(128))
     p = schedule.plan(parse("p[b,h,i,j] := e[b,h,i,j] / z[b,h,i]"), att, "float32", threads=2)
     assert p.collapse == ("b", "h") and not p.jam
+
+
+def test_tile_waste_counts_the_overlapping_last_tiles():
+    """A row of 34 in tiles of 32 sums 64 elements, 13 values of a jammed index in blocks of 8
+    run 16: the blocked loops' work over the statement's (what blas_shift weighs them by)."""
+    from tullio_py.schedule import tile_waste
+    eq = parse("y[b,o,i] := x[b,c,i+j] * w[o,c,j]")
+    rng = {"b": range(16), "o": range(13), "i": range(34), "c": range(40), "j": range(5)}
+    plan = schedule.plan(eq, rng, "float32", vector_bytes=64)
+    assert plan.jam == ("o", 8, 32), plan.jam
+    assert tile_waste(plan, rng) == pytest.approx(16 / 13 * 64 / 34)
+    rng = {**rng, "o": range(16), "i": range(64)}
+    assert tile_waste(schedule.plan(eq, rng, "float32", vector_bytes=64), rng) == 1.0

@@ -94,8 +94,9 @@ class Shifted:
              blocked=None):
         """The plan for this call signature, or None (the loops run it).  `loop_threads`: the
         loops' threads BLAS must beat: one count for all calls (never the call's own).
-        `blocked()`: whether those loops are register-blocked (asked only when a plan is
-        chosen; a fact of the same call signature, so the memo stays right)."""
+        `blocked()`: the register-blocked loops' tile waste (>= 1), 0 when they are not
+        blocked (asked only when a plan is chosen; a fact of the same call signature, so the
+        memo stays right)."""
         pooled = pooled_gemm()
         key = CallSignature.of(arrays, rng, dtype, out_shape,
                                (loop_threads, tuple(out_strides), pooled), self.read_names)
@@ -262,8 +263,11 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     # Against register-blocked loops no margin: BLOCKED_RATE comes from the blocked loops'
     # own measurements, and with the margin a conv1d on 2 threads (32x64x260, 64 outputs,
     # width 5) ran its blocked loops in 3.9 ms instead of BLAS's 2.3-3.4 ms.
-    fast = blocked is not None and blocked()
-    rate = (model.BLOCKED_RATE * 4 / max(np.dtype(dtype).itemsize, 4) if fast
+    # (blocked() answers the tiles' waste, 0 for loops that are not blocked: a row of 34 in
+    # tiles of 32 does 1.88x the work, conv2d NCHW's padded input gradient)
+    waste = float(blocked()) if blocked is not None else 0.0
+    fast = waste > 0
+    rate = (model.BLOCKED_RATE * 4 / max(np.dtype(dtype).itemsize, 4) / waste if fast
             else model.LOOP_RATE)
     if (1.0 if fast else model.MARGIN) * best.cost > 2.0 * work / (rate * max(1, loop_threads)):
         return None

@@ -152,14 +152,23 @@ def loops_blocked(kernel, arrays: dict, rng: dict, dtype, shape):
     """blas_shift's question, asked only when it has a plan to weigh: would the generated
     loops of this call be register-blocked (Plan.jam), as they stand or on relaid copies
     (relayout.py: a padded copy of conv1d's dy turns its dx into blocked loops), and so several
-    times faster than plain loops?  A planning failure answers no (the plain-loop rate, the
-    older rule); the loops report it themselves if they run."""
-    def blocked() -> bool:
+    times faster than plain loops?  The answer is the tiles' waste (schedule.tile_waste, >= 1:
+    the blocked loops' work over the statement's), 0 for no.  A planning failure answers no
+    (the plain-loop rate, the older rule); the loops report it themselves if they run."""
+    def blocked() -> float:
         try:
-            return bool(kernel.plan_for(arrays, rng, dtype, shape)[0].jam) or \
-                relaid(kernel, arrays, rng, relayout.standin(shape, dtype)) is not None
+            plan = kernel.plan_for(arrays, rng, dtype, shape)[0]
+            if plan.jam:
+                return schedule.tile_waste(plan, rng)
+            got = relaid(kernel, arrays, rng, relayout.standin(shape, dtype))
+            if got is None:
+                return 0.0
+            order, moved, mrng = got
+            stand = relayout.copies(arrays, order, run=False)
+            return schedule.tile_waste(kernel.kernel_for(moved).plan_for(
+                stand, mrng, dtype, shape)[0], mrng)
         except Exception:       # noqa: BLE001  (a cost question only; see above)
-            return False
+            return 0.0
     return blocked
 
 
