@@ -347,17 +347,12 @@ def jam_choice(eq: Equation, loops: tuple, ranges: dict, guards, out_dtype: str,
 
 
 def tile_waste(plan: Plan, ranges: dict) -> float:
-    """The work of a register-blocked plan's tiles over the statement's (>= 1): the last
-    block of the jammed index and the last tile of the row overlap the ones before them
-    (codegen/blocked.py), so a row of 34 in tiles of 32 sums 64 elements: 1.88.  1.0 for a
-    plan without tiles."""
-    if not plan.jam:
-        return 1.0
-    v, factor, lanes = plan.jam
+    """A blocked plan's work over the statement's (>= 1; 1.0 unblocked): last tiles overlap
+    (codegen/blocked.py), so a row of 34 in tiles of 32 sums 64 elements: 1.88."""
     out = 1.0
-    for n, size in ((v, factor), (plan.loops[-1].index, lanes)):
-        count = max(len(ranges[n]), 1)
-        out *= -(-count // size) * size / count
+    for n, size in ((plan.jam[0], plan.jam[1]), (plan.loops[-1].index, plan.jam[2])) \
+            if plan.jam else ():
+        out *= -(-max(len(ranges[n]), 1) // size) * size / max(len(ranges[n]), 1)
     return out
 
 
