@@ -51,3 +51,16 @@ def _seeded_global_rngs():
     torch = sys.modules.get("torch")           # seeded only where a test module loaded it
     if torch is not None:
         torch.manual_seed(0)
+
+
+@pytest.fixture
+def blocked_as_plain(monkeypatch):
+    """Register-blocked loops priced like plain ones (blas_shift_cost.BLOCKED_RATE set to
+    LOOP_RATE), for the modules that check BLAS decompositions (`pytestmark`): their cases are
+    sized for BLAS against plain loops, and blocked loops beat BLAS there (conv1d 6x16x130, 24
+    outputs, width 5, one thread: 0.08 ms against BLAS's 0.23 float32, 0.14 against 0.30
+    float64; a conv1d's padded input gradient 0.76 against 1.70 ms), as the model says at
+    their own rate.  The choice between BLAS and blocked loops is tested where the model's rate
+    is kept: test_blas_shift.py's rate tests, test_relayout.py, test_blocking.py."""
+    from tullio_py import blas_shift_cost
+    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)

@@ -19,15 +19,8 @@ def _one_thread(monkeypatch):
     monkeypatch.setattr(numpy_frontend, "shift_groups", lambda: 1)
 
 
-@pytest.fixture(autouse=True)
-def blocked_as_plain(monkeypatch):
-    """Register-blocked loops priced like plain ones: this module checks the BLAS
-    decompositions, on cases sized for BLAS against plain loops, and blocked loops beat BLAS
-    there (conv1d 6x16x130, 24 outputs, width 5, one thread: 0.08 ms against BLAS's 0.23
-    float32, 0.14 against 0.30 float64), as the model says at their own rate.  The choice
-    between BLAS and blocked loops: test_blas_needs_no_margin_over_blocked_loops, and
-    test_relayout.py / test_blocking.py for the loops themselves."""
-    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
+# The BLAS decompositions on cases sized for BLAS against plain loops (conftest.py says why).
+pytestmark = pytest.mark.usefixtures("blocked_as_plain")
 
 # (statement, shapes of the inputs, whether the cost model should pick BLAS): each large
 # enough (about a million multiply-adds) that BLAS clearly wins where it applies.

@@ -8,7 +8,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas, blas_shift, blas_shift_cost, blas_shift_gather, kernel
+from tullio_py import Kernel, blas, blas_shift, blas_shift_gather, kernel
 
 R = np.random.default_rng(5)
 
@@ -24,12 +24,8 @@ KERNELS = {name: (Kernel(expr, threads=1), kernel(expr, blas=False))
            for name, (expr, _, _) in CASES.items()}
 
 
-@pytest.fixture(autouse=True)
-def _blocked_as_plain(monkeypatch):
-    """Register-blocked loops priced like plain ones: this module checks the BLAS plans, on
-    cases sized for BLAS against plain loops, which blocked loops (on padded copies for the
-    pad reads, relayout.py) beat at their own rate (test_blas_shift.py says more)."""
-    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
+# The BLAS plans on cases sized for BLAS against plain loops (conftest.py says why).
+pytestmark = pytest.mark.usefixtures("blocked_as_plain")
 
 
 def _noncontiguous(a):
@@ -77,13 +73,12 @@ def test_gather_plan_matches_the_loops(case, layout, threads, gemm):
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
-def test_conv1d_input_gradient_runs_as_a_gather(monkeypatch):
+def test_conv1d_input_gradient_runs_as_a_gather():
     """The cost model's choice for a conv1d's input gradient large enough for BLAS (one
     thread, numpy's gemm) against plain loops: the gather plan, a few batch elements per step;
     the vjp equals the loops'.  (Its register-blocked loops on a padded copy of dy,
     relayout.py, beat that plan; priced as plain loops, the gather plan is kept for this
     test.)"""
-    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
     expr = "y[b,o,i] := x[b,c,i+j] * w[o,c,j]"
     k, loops = Kernel(expr, threads=1), kernel(expr, blas=False)
     x, w = R.standard_normal((16, 64, 132)), R.standard_normal((64, 64, 5))

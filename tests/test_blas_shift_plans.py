@@ -8,7 +8,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas, blas_shift, blas_shift_cost, blas_shift_pad, kernel
+from tullio_py import Kernel, blas, blas_shift, blas_shift_pad, kernel
 
 R = np.random.default_rng(11)
 
@@ -34,12 +34,8 @@ KERNELS = {name: (Kernel(expr, threads=1), kernel(expr, blas=False))
            for name, (expr, _, _) in CASES.items()}
 
 
-@pytest.fixture(autouse=True)
-def _blocked_as_plain(monkeypatch):
-    """Register-blocked loops priced like plain ones: this module checks the BLAS plans, on
-    cases sized for BLAS against plain loops, which blocked loops (on padded copies for the
-    pad reads, relayout.py) beat at their own rate (test_blas_shift.py says more)."""
-    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
+# The BLAS plans on cases sized for BLAS against plain loops (conftest.py says why).
+pytestmark = pytest.mark.usefixtures("blocked_as_plain")
 
 
 def _noncontiguous(a):
@@ -216,12 +212,11 @@ def test_steps_check_the_frontends_arrays_once(name):
         np.testing.assert_array_equal(got[True, True], got[False, True])
 
 
-def test_threaded_forward_and_gradients(monkeypatch):
+def test_threaded_forward_and_gradients():
     """A kernel on 2 threads: its conv1d forward and both gradients share the batch loop
     between threads (into its own elements; dW's into zeroed copies, summed), results equal
     to the loops'.  (dx's blocked loops on a padded copy of dy, relayout.py, win against
     BLAS here; priced as plain loops, dx keeps its BLAS plan for this test.)"""
-    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
     expr = CASES["conv1d"][0]
     k, loops = Kernel(expr, threads=2), KERNELS["conv1d"][1]
     # (64 channels: with 32 the forward's register-blocked loops on 2 threads are as fast as
@@ -295,13 +290,12 @@ def test_padded_reads_match_the_loops(case, layout, threads, gemm):
     np.testing.assert_allclose(mine.get(eq.output, got), want, rtol=1e-10, atol=1e-10)
 
 
-def test_padded_gradient_runs_through_blas(monkeypatch):
+def test_padded_gradient_runs_through_blas():
     """The printed input gradient of a conv1d, dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j], at a
     size where BLAS wins against plain loops: one sub-range per value of j, each a blas_shift
     plan; equal to the vjp's dx.  (Its blocked loops on a padded copy of dy, relayout.py, win
     against both here: 0.76 ms against BLAS's 1.70, one thread; priced as plain loops, the
     test keeps BLAS.)"""
-    monkeypatch.setattr(blas_shift_cost, "BLOCKED_RATE", blas_shift_cost.LOOP_RATE)
     k = Kernel("dx[b,c,p] += dy[b,o,pad(p-j)] * w[o,c,j]", threads=1)
     conv = Kernel("y[b,o,i] := x[b,c,i+j] * w[o,c,j]", threads=1)
     x, w = R.standard_normal((16, 32, 132)), R.standard_normal((32, 32, 5))

@@ -47,6 +47,7 @@ in blocked loops on the padded copy.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,7 +84,8 @@ def axes(eq: Equation, rng: dict, arrays: dict) -> dict:
             return {}           # read along r in two different axes
     out = {n: o for n, o in out.items()
            if o != tuple(range(len(o))) or not arrays[n].flags.c_contiguous}
-    if not out or sum(arrays[n].size for n in out) > COPY_SHARE * _iterations(rng):
+    if not out or sum(arrays[n].size for n in out) > \
+            COPY_SHARE * math.prod(map(len, rng.values())):
         return {}
     return out
 
@@ -112,6 +114,12 @@ class Copy:
         return text + (f" padded with {self.fill!r} ({widths})" if widths else "")
 
 
+def _plain_pad(s) -> bool:
+    """`pad(e)` around an affine `e`, without bounds of its own: what a padded copy replaces."""
+    return (isinstance(s, Wrapped) and s.kind == "pad" and s.lo is None
+            and isinstance(s.inner, Affine))
+
+
 def pads(eq: Equation, rng: dict, arrays: dict) -> dict:
     """{array: ((lo, hi) per axis)} for the arrays statement `eq` reads through `pad(e)` with an
     affine `e` (see the module's docstring), over ranges `rng`; {} where none is or one cannot
@@ -128,7 +136,7 @@ def pads(eq: Equation, rng: dict, arrays: dict) -> dict:
         for d, s in enumerate(a.indices):
             if not isinstance(s, Wrapped):
                 continue
-            if s.kind != "pad" or s.lo is not None or not isinstance(s.inner, Affine):
+            if not _plain_pad(s):
                 return {}
             b = affine_bounds(s.inner, bounds)
             if b is None:
@@ -228,7 +236,7 @@ def choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: bo
         return None
     if widths:
         if eq.gathers() or sum(arrays[n].size for n in (*order, *widths)) > \
-                COPY_SHARE * _iterations(rng):
+                COPY_SHARE * math.prod(map(len, rng.values())):
             return None
         both = {}
         for n in dict.fromkeys((*order, *widths)):
@@ -260,15 +268,14 @@ def gather(low, arrays: dict) -> tuple:
     (_lo_i <= p - j < _hi_i); over the whole of i, lo = 0 and hi = dy's length: the mask keeps
     exactly the terms the pad read's guard keeps, and the statement is the printed one."""
     eq, bounds = low.equation, low.bound_params
-    pads = {}
+    extents: dict = {}      # pad expression (sorted terms, constant) -> extents it is read on
     for a in top_factors(eq.rhs):
-        if isinstance(a, Access):
+        v = arrays.get(a.array) if isinstance(a, Access) else None
+        if isinstance(v, np.ndarray):
             for d, s in enumerate(a.indices):
-                v = arrays.get(a.array)
-                if isinstance(s, Wrapped) and s.kind == "pad" and isinstance(s.inner, Affine) \
-                        and s.lo is None and isinstance(v, np.ndarray):
-                    pads.setdefault((tuple(sorted(s.inner.terms)), s.inner.const),
-                                    []).append(v.shape[d])
+                if _plain_pad(s):
+                    extents.setdefault((tuple(sorted(s.inner.terms)), s.inner.const),
+                                       []).append(v.shape[d])
     kept = []
     for f in top_factors(eq.rhs):
         if isinstance(f, Compare) and f.ops == ("<=", "<") and all(
@@ -277,7 +284,7 @@ def gather(low, arrays: dict) -> tuple:
             lo, hi = bounds[f.operands[0].name], bounds[f.operands[2].name]
             if e is not None and not e[1] and any(
                     lo <= 0 and hi >= n
-                    for n in pads.get((tuple(sorted(e[0].terms)), e[0].const + e[2]), ())):
+                    for n in extents.get((tuple(sorted(e[0].terms)), e[0].const + e[2]), ())):
                 continue
             return None, None
         kept.append(f)
@@ -306,8 +313,7 @@ def padded(kernel, rng: dict, arrays: dict, finite: bool = False) -> dict:
         if not ok:
             return {}
     factors = top_factors(eq.rhs)
-    guard = [f for f in factors if isinstance(f, Access) and any(
-        isinstance(s, Wrapped) for s in f.indices)]
+    guard = [f for f in factors if isinstance(f, Access) and any(map(_plain_pad, f.indices))]
     if widths and guard and eq.reducer == "+" and kernel.pad == 0:
         others = [f for f in factors if f not in guard]
         if len(factors) != 2 or len(guard) != 1 or not isinstance(others[0], Access):
@@ -318,12 +324,6 @@ def padded(kernel, rng: dict, arrays: dict, finite: bool = False) -> dict:
             return {}
     return widths
 
-
-def _iterations(rng: dict) -> int:
-    work = 1
-    for x in rng.values():
-        work *= len(x)
-    return work
 
 
 def standin(shape, dtype) -> np.ndarray:

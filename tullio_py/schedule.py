@@ -192,8 +192,7 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # The contiguous index is a left index: run it innermost, each reduction step updating
         # a whole row of the output (or of a small accumulator), reductions outside it.
         form, row = "row", best
-        order = [n for n in jam_last(eq, [n for n in left if n != best], best, ranges)] \
-            + red + [best]
+        order = jam_last(eq, [n for n in left if n != best], best, ranges) + red + [best]
     else:
         if best in red:
             red.remove(best)
@@ -366,12 +365,12 @@ def jam_last(eq: Equation, left: list, row: str, ranges: dict) -> list:
     and 8 broadcasts of w)."""
     rows = [{n for s in a.indices for n in s.names} for a in factor_reads(eq.rhs)]
     rows = [names for names in rows if row in names]
+
+    def selected(n):            # the row's reads that n selects
+        return sum(n in names for names in rows)
     fit = [n for n in left if len(ranges[n]) >= JAM]
-    if not fit:
-        return left
-    best = min(reversed(fit), key=lambda n: sum(n in names for names in rows))
-    if sum(best in names for names in rows) == sum(left[-1] in names for names in rows) \
-            and left[-1] in fit:
+    best = min(reversed(fit), key=selected, default=None)
+    if best is None or (left[-1] in fit and selected(best) == selected(left[-1])):
         return left
     return [n for n in left if n != best] + [best]
 

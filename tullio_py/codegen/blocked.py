@@ -76,18 +76,17 @@ def render_jam(nest):
             for name, _, a in here:
                 out.add(f"{name}_{f} = {x.plain_access(a)}")
 
-    # Both bounds are the plan's range arguments (jam_choice refuses guards on v and r).
-    vstart, vstop, _ = loop_bounds(v, set(), list(plan.guards))
+    # Both bounds are the plan's range arguments, whatever loops are open around them
+    # (jam_choice refuses guards on v and r).
+    start, stop, _ = loop_bounds(v, set(), list(plan.guards))
     rstart, rstop, _ = nest.inner_bounds(r, opened={v})
-    out.add(f"if {vstop} - {vstart} < {factor} or {rstop} - {rstart} < {lanes}:\n"
+    out.add(f"if {stop} - {start} < {factor} or {rstop} - {rstart} < {lanes}:\n"
             f"    raise ValueError('register-blocked loops need {factor} values of {v} and "
             f"rows of {lanes}')")
     nest.emit_hoists(-1)
     if packed:
         _pack(nest, packed, kj, lanes)
     nest.open_range(range(kj))
-    start, stop, _ = loop_bounds(v, set(nest.opened), list(plan.guards))
-    rstart, rstop, _ = nest.inner_bounds(r, opened={v})
     loop = "_prange" if plan.loops[kj].parallel else "range"
     # _lo and _nr are computed in each parallel body: computed once outside, they made the
     # compiler's version of the tiles 2.5x slower (512 matmul).
