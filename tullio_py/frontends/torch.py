@@ -158,7 +158,13 @@ def torch_threads(f):
     matrix products of contractions (blas.py, blas_shift.py) and blas_shift.py's copies run
     on torch's BLAS and thread pool meanwhile (torch_gemm, torch_copy), and what still goes
     to numpy's BLAS (einsum of three operands, views torch cannot take) runs on the calling
-    thread alone: OpenBLAS's workers would spin beside torch's."""
+    thread alone: OpenBLAS's workers would spin beside torch's, and on one torch thread the
+    budget is one thread.
+
+    On one thread no pool is shared, and the products go to the faster of the two BLAS, as
+    measured on this machine (gemm_rate.py, `torch_blas`): numpy's, on this thread alone,
+    where torch's is slower (AMD Zen 5: torch's MKL sgemm at about half OpenBLAS's rate; a
+    conv2d NHWC forward and backward at one thread 18.5 -> 13.2 ms)."""
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
         if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
@@ -166,12 +172,33 @@ def torch_threads(f):
         n = torch.get_num_threads()
         if getattr(jit.budgets, "n", None) == n and getattr(blas.gemms, "f", None) is torch_gemm:
             return f(*args, **kwargs)               # inside a function that set both
+        if n == 1 and not torch_blas(1) and blas_threads.available():
+            with jit.thread_budget(1, 0):
+                return blas_threads.single(functools.partial(f, *args, **kwargs))
         with jit.thread_budget(n, n - 1), blas.gemm_provider(torch_gemm, torch_copy,
                                                              torch_views):
-            if n > 1 and blas_threads.available():      # numpy's BLAS on this thread only
+            if blas_threads.available():        # numpy's BLAS on this thread only
                 return blas_threads.single(functools.partial(f, *args, **kwargs))
             return f(*args, **kwargs)
     return wrapped
+
+
+_TORCH_BLAS: dict = {}
+
+
+def torch_blas(threads: int) -> bool:
+    """Whether the products of calls at `threads` torch threads go to torch's gemm
+    (torch_gemm): at more than one thread always (one pool for torch and the kernels); at
+    one, where torch's gemm is measured at least as fast as numpy's (gemm_rate.py: once per
+    machine, kept in the cache directory)."""
+    if threads > 1:
+        return True
+    got = _TORCH_BLAS.get(threads)
+    if got is None:
+        from .. import gemm_rate
+        got = _TORCH_BLAS[threads] = gemm_rate.faster_than_numpy(
+            f"torch {torch.__version__}", lambda a, b, out: torch_gemm(a, b, out, 1.0, 0))
+    return got
 
 
 def torch_views(x: np.ndarray) -> bool:

@@ -1,0 +1,103 @@
+"""Which BLAS is faster on this machine: a frontend's gemm or numpy's, measured once.
+
+A frontend may run the products of a call on its own BLAS (blas.gemm_provider: torch's, so
+that its threads and the kernels' share one pool).  Whether that BLAS is the faster one is a
+fact of the machine, not of the code: on an AMD Zen 5 (2 cores, AVX-512) torch 2.13's MKL sgemm
+ran 88-94 GFLOP/s on one thread where numpy's OpenBLAS 0.3.31 ran 140-210 (the shapes of
+`SHAPES`, and 512^3), and a conv1d's forward and backward through torch's gemm took 11.5 ms
+against 9.5 ms through numpy's; on an Intel machine MKL ran 275 GFLOP/s on 2 threads.  So
+the rate of each is measured here, on one thread, float32, on the products of a convolution
+(a batch element's im2col gemm and the weight gradient's), and kept in memory and in the cache
+directory: the choice is the same for every call on this machine, and costs one measurement
+(about 20 ms) per machine, not per process.
+
+    faster_than_numpy("torch", torch_gemm)  ->  True when torch's gemm is at least as fast
+
+The stored rate is the best measured so far (a measurement on a loaded machine comes out low,
+and `refresh=True` can only raise it), keyed by the provider's name and the CPU's model name,
+so a cache directory carried to another machine measures again.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+
+from . import blas_threads, cache, memo
+
+# (m, k, n) of the measured products: conv1d's per-batch im2col gemm (64 outputs, 64 x 5
+# taps, 256 positions) and a weight gradient's (64 x 8320 x 64).
+SHAPES = ((64, 320, 256), (64, 8320, 64))
+REPEAT = 7
+_RATES = memo.Memo("gemm_rate.rates", 8)
+
+
+@functools.cache
+def _cpu() -> str:
+    """The CPU's model name (a stored rate belongs to one kind of machine)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def _time(gemm, a, b, out) -> float:
+    """Seconds of the fastest of REPEAT calls (after one to warm up)."""
+    gemm(a, b, out)
+    best = float("inf")
+    for _ in range(REPEAT):
+        t = time.perf_counter()
+        gemm(a, b, out)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure(gemm) -> float:
+    """flop/s of `gemm(a, b, out)` (out = a @ b, float32 C-contiguous) over SHAPES, on the
+    calling thread's settings."""
+    rng = np.random.default_rng(0)
+    flops = seconds = 0.0
+    for m, k, n in SHAPES:
+        a = rng.random((m, k), dtype=np.float32)
+        b = rng.random((k, n), dtype=np.float32)
+        out = np.empty((m, n), np.float32)
+        flops += 2.0 * m * n * k
+        seconds += _time(gemm, a, b, out)
+    return flops / seconds
+
+
+def _numpy_gemm(a, b, out):
+    np.matmul(a, b, out=out)
+
+
+def rate(name: str, gemm, refresh: bool = False) -> float:
+    """The best measured flop/s of `gemm` (named `name`; "numpy": np.matmul on one thread),
+    from memory, else the cache directory, else measured now and stored."""
+    key = ("gemm rate", name, _cpu(), 1)
+    got = _RATES.get(key)
+    if got is not None and not refresh:
+        return got
+    stored = cache.load_pickle(key)
+    if stored is None or refresh:
+        if name == "numpy" and blas_threads.available():
+            new = blas_threads.single(measure, gemm)
+        else:
+            new = measure(gemm)
+        got = new if stored is None else max(stored, new)
+        cache.store_pickle(key, got)
+    else:
+        got = stored
+    _RATES[key] = got
+    return got
+
+
+def faster_than_numpy(name: str, gemm) -> bool:
+    """Whether the one-thread gemm `gemm(a, b, out)` (a frontend's, named `name`, called with
+    its own library at one thread) runs at least as fast as numpy's on one thread."""
+    return rate(name, gemm) >= rate("numpy", _numpy_gemm)
