@@ -347,3 +347,85 @@ def test_part_of_the_range_keeps_the_mask_and_the_loops():
         want[:, :, 10 + j:40 + j] += np.einsum("boi,oc->bci", arrays["dy"][:, :, 10:40],
                                                arrays["w"][:, :, j])
     np.testing.assert_allclose(out, want, rtol=1e-11, atol=1e-11)
+
+
+# ----------------------------------------------------------------------------- scratch output
+NCHW_WIDE = "dx[b, c, p, q] {op} dy[b, o, pad(p-i), pad(q-j)] * w[o, c, i, j]"
+
+
+def _nchw_wide(dtype, seed=5):
+    """conv2d NCHW's input gradient with rows of 34 (tiles of 32 float32 / 16 float64 waste
+    1.88 / 1.41) and 32 channels of dx: relayout's scratch output applies."""
+    dy, w = rnd(2, 8, 32, 32, seed=seed, dtype=dtype), rnd(8, 32, 3, 3, seed=seed + 1, dtype=dtype)
+    dyp = np.pad(dy.astype(np.float64), ((0, 0), (0, 0), (2, 2), (2, 2)))
+    want = sum(np.einsum("bopq,oc->bcpq", dyp[:, :, 2 - i:36 - i, 2 - j:36 - j],
+                         w[:, :, i, j].astype(np.float64)) for i in range(3) for j in range(3))
+    return dy, w, want
+
+
+@pytest.mark.parametrize("op", ["+=", "-=", "="])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scratch_output_equals_numpy_and_the_plain_loops(op, dtype, monkeypatch):
+    """Rows that waste their tiles run on a scratch output with the channels in the lanes
+    (explain says so): numpy's numbers for every assignment (the old values of dx added,
+    subtracted or overwritten), the same bits call after call and as the moved statement run
+    by hand on explicit copies, and the plain (unscratched) loops' numbers to rounding."""
+    dy, w, conv = _nchw_wide(dtype)
+    old = rnd(2, 32, 34, 34, seed=9, dtype=dtype)
+    expr = NCHW_WIDE.format(op=op)
+    k = kernel(expr, blas=False)
+    args = {"dy": dy, "w": w, "dx": old}
+    rng = k.ranges(**args)
+    order, moved, _ = relayout.choose(k, k.kernel_for, args, rng, old)
+    assert order["dx"] == relayout.Output((0, 2, 3, 1))
+    assert str(moved) == "dx[b, p, q, c] := dy[b, p-i+2, q-j+2, o] * w[i, j, o, c]"
+    assert "a scratch of dx with axes (0, 2, 3, 1)" in k.explain(
+        **{n: (v.copy() if n == "dx" else v) for n, v in args.items()}).detail
+
+    def call(kern):
+        return kern(**{n: (v.copy() if n == "dx" else v) for n, v in args.items()})
+    got = call(k)
+    assert np.array_equal(got, call(k))
+    scratch = tullio(str(moved), **relayout.copies({"dy": dy, "w": w}, order))
+    back = np.transpose(scratch, (0, 3, 1, 2))
+    by_hand = {"+=": old + back, "-=": old - back, "=": back}[op]
+    assert np.array_equal(got, by_hand)
+    want = {"+=": old + conv, "-=": old - conv, "=": conv}[op]
+    tol = 3e-4 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    monkeypatch.setattr(relayout, "WASTE", float("inf"))
+    plain = kernel(expr, blas=False)
+    assert "scratch" not in plain.explain(
+        **{n: (v.copy() if n == "dx" else v) for n, v in args.items()}).detail
+    np.testing.assert_allclose(got, call(plain), rtol=tol, atol=tol)
+
+
+def test_scratch_output_needs_the_whole_output_and_enough_values():
+    """No scratch over part of the output (a block of p), nor for 16 channels (fewer than
+    SCRATCH_ROW): the padded copy alone."""
+    dy, w, _ = _nchw_wide(np.float32)
+    k = kernel(NCHW_WIDE.format(op="+="), blas=False)
+    dx = np.zeros((2, 32, 34, 34), np.float32)
+    rng = dict(k.ranges(dy=dy, w=w, dx=dx))
+    rng["p"] = range(0, 20)
+    got = relayout.choose(k, k.kernel_for, {"dy": dy, "w": w, "dx": dx}, rng, dx)
+    assert got is None or "dx" not in got[0]
+    k16 = kernel(NCHW_WIDE.format(op="+="), blas=False)
+    arrays = {"dy": dy, "w": np.ascontiguousarray(w[:, :16]), "dx": dx[:, :16].copy()}
+    got = relayout.choose(k16, k16.kernel_for, arrays, k16.ranges(**arrays), arrays["dx"])
+    assert got is not None and "dx" not in got[0]
+
+
+def test_vjp_on_a_scratch_output_equals_the_printed_gradient_bit_for_bit():
+    """conv2d NCHW's vjp: its dx (a shifted left side, run as the padded gather on a scratch
+    output) equals the printed gradient run alone bit for bit, and numpy's numbers;
+    gradient_code names the scratch."""
+    dy, w, want = _nchw_wide(np.float64)
+    x = rnd(2, 32, 34, 34, seed=7, dtype=np.float64)
+    k = kernel("y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]", blas=False)
+    y = k(x=x, w=w)
+    g = k.vjp(dy, x=x, w=w)
+    p = run_printed(k, dy, dict(x=x, w=w), y)
+    assert np.array_equal(g["x"], p["x"])
+    np.testing.assert_allclose(g["x"], want, rtol=1e-11, atol=1e-11)
+    assert "a scratch of dx with axes (0, 2, 3, 1)" in k.gradient_code

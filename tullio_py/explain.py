@@ -99,6 +99,7 @@ def _path(k, arrays, rng, out, shape, dtype):
     moved, copies = relaid(k, arrays, rng, out if out is not None else standin(shape, dtype)), ""
     if moved is not None:
         axes, eq, rng = moved
+        shape = relayout.target_shape(axes, k.equation.output, shape)
         k, arrays = k.kernel_for(eq), relayout.copies(arrays, axes, run=False)
         copies = "".join(f" on {relayout.Copy.of(a).describe(n)}" for n, a in axes.items())
         copies = f"{copies} (relayout.py: {eq})"

@@ -44,21 +44,47 @@ Every read of the moved statement is checked in bounds of its copy before the ch
 A padded read also counts as a copy for the rule above, with the same conditions.  conv1d's
 dx at 32x64x260, width 5, float32, 2 threads: 8.4 ms through BLAS over strided views, 3.5 ms
 in blocked loops on the padded copy.
+
+A scratch output in another axis order.  Blocked tiles run along the output's last index `r`;
+a last tile overlaps the one before it (codegen/blocked.py), so a row of 34 in tiles of 32 sums
+64 elements: conv2d NCHW's input gradient dx[b,c,p,q] += dy[b,o,pad(p-i),pad(q-j)] * w[o,c,i,j]
+does 1.88x its work.  Where the padded statement's tiles waste at least WASTE, another left
+index `c` of at least SCRATCH_ROW values may run in the lanes instead: the statement computes
+into a C-contiguous scratch with `c` as its last axis (`Output`), every read of `c` copied with
+`c` last, every read of the longest reduction index copied with that index just before (the
+inner loop then streams both reads: dy'[b,p,q,o], w'[i,j,o,c]), and the scratch is taken into
+the output (stored, added or subtracted) after the loops:
+
+    dx'[b,p,q,c] := dy'[b,p-i+2,q-j+2,o] * w'[i,j,o,c]        then dx += dx' (axes back)
+
+at 16x32x34x34 (64 outputs, 3x3), float32, one thread: 9.0-9.8 ms -> the moved statement's
+3.8 ms plus the copies.  Only beside padded copies, over the whole output: such a statement
+runs on its own kernel's call (vjp_plan.py runs a statement that `may_pad` alone), where the
+scratch is made, and the plan a vjp keeps per signature never holds one.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
-from . import blas, memory
+from . import blas, schedule
 from .guards import linear, top_factors
 from .ir import Access, Affine, Binary, Compare, Equation, Param, Wrapped, map_expr
 from .ranges import affine_bounds
+from .relayout_copies import (Copy, Output, copies, scratch, standin, take,  # noqa: F401
+                              target_shape)
+
+# (relayout_copies.py's names, which the callers of this module use through it)
+__all__ = ["COPY_SHARE", "WASTE", "SCRATCH_ROW", "Copy", "Output", "axes", "choose", "copies",
+           "gather", "in_bounds", "may_pad", "moved", "padded", "pads", "scratch", "standin",
+           "take", "target_shape"]
 
 # A copy pays when its elements are at most this fraction of the statement's iterations.
 COPY_SHARE = 1 / 8
+WASTE = 1.25        # tiles' work over the statement's from which a scratch output is weighed
+SCRATCH_ROW = 32    # least values of the index a scratch output runs in the lanes
 
 
 def axes(eq: Equation, rng: dict, arrays: dict) -> dict:
@@ -88,30 +114,6 @@ def axes(eq: Equation, rng: dict, arrays: dict) -> dict:
             COPY_SHARE * math.prod(map(len, rng.values())):
         return {}
     return out
-
-
-@dataclass(frozen=True)
-class Copy:
-    """The layout of a read's copy: the original's axes in the order `axes`, and `pads`
-    ((lo, hi) per axis of the copy; () for none) elements of the value `fill` before and after
-    the original's on each axis."""
-    axes: tuple
-    pads: tuple = ()
-    fill: object = 0
-
-    @staticmethod
-    def of(c) -> "Copy":
-        """`c`, or a bare axis order as a Copy."""
-        return c if isinstance(c, Copy) else Copy(tuple(c))
-
-    def describe(self, name: str) -> str:
-        """What the copy is, in words."""
-        moved = self.axes != tuple(range(len(self.axes)))
-        text = (f"a C-ordered copy of {name} with axes {self.axes}" if moved or not self.pads
-                else f"a copy of {name}")
-        widths = ", ".join(f"{lo} before and {hi} after axis {d}"
-                           for d, (lo, hi) in enumerate(self.pads) if lo or hi)
-        return text + (f" padded with {self.fill!r} ({widths})" if widths else "")
 
 
 def _plain_pad(s) -> bool:
@@ -162,33 +164,13 @@ def moved(eq: Equation, order: dict) -> Equation:
             return Access(n.array, tuple(n.indices[d] for d in c.axes), n.span)
         return Access(n.array, tuple(slot(n.indices[d], lo) for d, (lo, _) in
                                      zip(c.axes, c.pads)), n.span)
-    return replace(eq, rhs=map_expr(eq.rhs, read))
-
-
-def copies(arrays: dict, order, run: bool = True) -> dict:
-    """`arrays` with each array of `order` ((name, Copy or axis order) pairs or a dict)
-    replaced by its copy: C-contiguous, cache-line aligned, its axes in that order, widened by
-    the pad value where the Copy says (`run` False: a stand-in of its shape, for planning)."""
-    out = dict(arrays)
-    for n, c in (order.items() if isinstance(order, dict) else order):
-        c, v = Copy.of(c), out[n]
-        shape = tuple(v.shape[d] for d in c.axes)
-        widths = c.pads or ((0, 0),) * len(shape)
-        wide = tuple(m + lo + hi for m, (lo, hi) in zip(shape, widths))
-        if not run:
-            out[n] = standin(wide, v.dtype)
-            continue
-        # (memory.py's buffers: a new megabyte of numpy's faults its pages in)
-        out[n] = memory.empty(wide, v.dtype)
-        inside = tuple(slice(lo, lo + m) for m, (lo, _) in zip(shape, widths))
-        if wide != shape:
-            for d, (lo, hi) in enumerate(widths):       # only the border gets the pad value
-                edge = [slice(None)] * len(wide)
-                for part in (slice(0, lo), slice(lo + shape[d], wide[d])):
-                    edge[d] = part
-                    out[n][tuple(edge)] = c.fill
-        np.copyto(out[n][inside], np.transpose(v, c.axes))
-    return out
+    rhs = map_expr(eq.rhs, lambda n: n if isinstance(n, Access) and n.array == eq.output
+                   else read(n))
+    o = order.get(eq.output)
+    if isinstance(o, Output):
+        lhs = Access(eq.lhs.array, tuple(eq.lhs.indices[d] for d in o.axes), eq.lhs.span)
+        return replace(eq, lhs=lhs, assign=":=", rhs=rhs)
+    return replace(eq, rhs=rhs)
 
 
 def in_bounds(eq: Equation, rng: dict, arrays: dict) -> bool:
@@ -248,9 +230,63 @@ def choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: bo
     gm, stand = kernel_for(m), copies(arrays, order, run=False)
     if widths and not in_bounds(m, rng, stand):
         return None
-    if gm.uses_blas(stand, rng, out) or not gm.plan_for(stand, rng, out.dtype, out.shape)[0].jam:
+    if gm.uses_blas(stand, rng, out):
         return None
+    mplan = gm.plan_for(stand, rng, out.dtype, out.shape)[0]
+    if not mplan.jam:
+        return None
+    if widths and schedule.tile_waste(mplan, rng) >= WASTE:
+        alt = _scratch_order(kernel_for, eq, rng, arrays, out, widths, kernel.pad)
+        if alt is not None and alt[1] < schedule.tile_waste(mplan, rng):
+            return alt[0], moved(eq, alt[0]), rng
     return order, m, rng
+
+
+def _scratch_order(kernel_for, eq: Equation, rng: dict, arrays: dict, out, widths: dict, fill):
+    """(order with an Output, its tiles' waste) for the left index that wastes least in the
+    lanes of a scratch output (the module's docstring), or None."""
+    names = [s.names[0] if isinstance(s, Affine) and s.is_bare else None
+             for s in eq.lhs.indices]
+    if (eq.reducer != "+" or eq.assign not in (":=", "=", "+=", "-=") or None in names
+            or len(set(names)) != len(names) or any(
+                rng[n].start != 0 or len(rng[n]) != m for n, m in zip(names, out.shape))):
+        return None
+    red = [n for n in eq.indices if n not in names]
+    longest = max(red, key=lambda n: len(rng[n]), default=None)
+    best = None
+    for d_c, c in enumerate(names[:-1]):
+        if len(rng[c]) < SCRATCH_ROW:
+            continue
+        order: dict = {}
+        for a in eq.accesses():
+            v = arrays.get(a.array)
+            if a.array == eq.output or not isinstance(v, np.ndarray) or a.array in order:
+                continue
+            on_c = [d for d, x in enumerate(a.indices) if c in x.names]
+            on_l = [d for d, x in enumerate(a.indices) if longest in x.names and d not in on_c]
+            inner = [x.inner if isinstance(x, Wrapped) else x for x in a.indices]
+            if len(on_c) > 1 or (on_c and not (isinstance(inner[on_c[0]], Affine)
+                                               and abs(inner[on_c[0]].coef(c)) == 1)):
+                order = None
+                break
+            tail = on_l[:1] * (len(on_l) == 1) + on_c
+            ax = tuple(d for d in range(v.ndim) if d not in tail) + tuple(tail)
+            pads = tuple(widths[a.array][d] for d in ax) if a.array in widths else ()
+            if ax != tuple(range(v.ndim)) or pads or not v.flags.c_contiguous:
+                order[a.array] = Copy(ax, pads, fill)
+        if order is None:
+            continue
+        order[eq.output] = Output(tuple(d for d in range(len(names)) if d != d_c) + (d_c,))
+        m = moved(eq, order)
+        stand, shape = copies(arrays, order, run=False), target_shape(order, eq.output, out.shape)
+        if not in_bounds(m, rng, stand):
+            continue
+        plan = kernel_for(m).plan_for(stand, rng, out.dtype, shape)[0]
+        if plan.jam and plan.jam[2] and plan.loops[-1].index == c:
+            waste = schedule.tile_waste(plan, rng)
+            if best is None or waste < best[1]:
+                best = (order, waste)
+    return best
 
 
 def may_pad(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
@@ -258,7 +294,8 @@ def may_pad(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
     checks are finite (`padded`): a plan kept for the signature runs such a statement on its
     own kernel's call, so that the choice is made there, on the call's values (vjp_plan.py)."""
     got = choose(kernel, kernel.kernel_for, arrays, rng, out, finite=True)
-    return got is not None and any(Copy.of(c).pads for c in got[0].values())
+    return got is not None and any(isinstance(c, Output) or Copy.of(c).pads
+                                   for c in got[0].values())
 
 
 def gather(low, arrays: dict) -> tuple:
@@ -323,15 +360,3 @@ def padded(kernel, rng: dict, arrays: dict, finite: bool = False) -> dict:
                                              and not np.isfinite(v).all()):
             return {}
     return widths
-
-
-
-def standin(shape, dtype) -> np.ndarray:
-    """A C-contiguous array of this shape and dtype backed by one element: what planning
-    looks at (shape, dtype, strides) of an array a run will allocate or copy; never read."""
-    dtype = np.dtype(dtype)
-    strides, step = [], dtype.itemsize
-    for n in reversed(tuple(shape)):
-        strides.insert(0, step)
-        step *= max(n, 1)
-    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), tuple(shape), tuple(strides))

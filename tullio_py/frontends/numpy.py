@@ -124,8 +124,10 @@ def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     mk = kernel.kernel_for(moved)
     mk.relaid_reads = tuple(order.items())      # (what it reads, for gradient_code)
     copies = relayout.copies(arrays, order)
-    prepared, call_ranges, extra = mk.prepare(copies, rng, out.dtype, out.shape)
-    launch(mk, prepared, arguments(prepared, copies, out, call_ranges, extra))
+    dest = relayout.scratch(order, kernel.equation.output, out)
+    prepared, call_ranges, extra = mk.prepare(copies, rng, dest.dtype, dest.shape)
+    launch(mk, prepared, arguments(prepared, copies, dest, call_ranges, extra))
+    relayout.take(order, kernel.equation, out, dest)
     kernel.last = mk.last = prepared
     return True, (prepared, call_ranges, extra)
 
@@ -166,7 +168,8 @@ def loops_blocked(kernel, arrays: dict, rng: dict, dtype, shape):
             order, moved, mrng = got
             stand = relayout.copies(arrays, order, run=False)
             return schedule.tile_waste(kernel.kernel_for(moved).plan_for(
-                stand, mrng, dtype, shape)[0], mrng)
+                stand, mrng, dtype, relayout.target_shape(order, kernel.equation.output,
+                                                          shape))[0], mrng)
         except Exception:       # noqa: BLE001  (a cost question only; see above)
             return 0.0
     return blocked
