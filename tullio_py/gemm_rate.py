@@ -5,11 +5,12 @@ that its threads and the kernels' share one pool).  Whether that BLAS is the fas
 fact of the machine, not of the code: on an AMD Zen 5 (2 cores, AVX-512) torch 2.13's MKL sgemm
 ran 88-94 GFLOP/s on one thread where numpy's OpenBLAS 0.3.31 ran 140-210 (the shapes of
 `SHAPES`, and 512^3), and a conv1d's forward and backward through torch's gemm took 11.5 ms
-against 9.5 ms through numpy's; on an Intel machine MKL ran 275 GFLOP/s on 2 threads.  So
-the rate of each is measured here, on one thread, float32, on the products of a convolution
-(a batch element's im2col gemm and the weight gradient's), and kept in memory and in the cache
-directory: the choice is the same for every call on this machine, and costs one measurement
-(about 20 ms) per machine, not per process.
+against 9.5 ms through numpy's; on an Intel machine MKL ran 275 GFLOP/s on 2 threads.  So the
+rate of each is measured here (numpy's on one thread, a frontend's on its own thread setting),
+float32, on the products of a convolution (a batch element's im2col gemm and the weight
+gradient's), and kept in memory and in the cache directory: the choice is the same for every
+call on this machine, and costs one measurement (about 20 ms) per machine and thread count,
+not per process.
 
     faster_than_numpy("torch", torch_gemm)  ->  True when torch's gemm is at least as fast
 
@@ -98,6 +99,6 @@ def rate(name: str, gemm, refresh: bool = False) -> float:
 
 
 def faster_than_numpy(name: str, gemm) -> bool:
-    """Whether the one-thread gemm `gemm(a, b, out)` (a frontend's, named `name`, called with
-    its own library at one thread) runs at least as fast as numpy's on one thread."""
+    """Whether `gemm(a, b, out)` (a frontend's, named `name` with its thread count, called
+    with its library's settings as they are) runs at least as fast as numpy's on one thread."""
     return rate(name, gemm) >= rate("numpy", _numpy_gemm)

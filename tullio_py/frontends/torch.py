@@ -161,10 +161,13 @@ def torch_threads(f):
     thread alone: OpenBLAS's workers would spin beside torch's, and on one torch thread the
     budget is one thread.
 
-    On one thread no pool is shared, and the products go to the faster of the two BLAS, as
-    measured on this machine (gemm_rate.py, `torch_blas`): numpy's, on this thread alone,
-    where torch's is slower (AMD Zen 5: torch's MKL sgemm at about half OpenBLAS's rate; a
-    conv2d NHWC forward and backward at one thread 18.5 -> 13.2 ms)."""
+    Where torch's gemm is slower than numpy's (measured on this machine, gemm_rate.py:
+    `torch_blas`), the products go to numpy's instead, each gemm on one thread: a product
+    of a whole contraction on the calling thread, blas_shift.py's steps split over Python
+    threads that wait on a lock (blas_threads.py), so no BLAS pool spins beside torch's
+    either way.  AMD Zen 5, 2 cores: torch's MKL sgemm ran at about half OpenBLAS's rate on
+    one thread and on two; a conv2d NHWC forward and backward at one thread 18.5 -> 13.2 ms,
+    its weight gradient alone at two 4.5 -> 2.1 ms."""
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
         if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
@@ -172,8 +175,8 @@ def torch_threads(f):
         n = torch.get_num_threads()
         if getattr(jit.budgets, "n", None) == n and getattr(blas.gemms, "f", None) is torch_gemm:
             return f(*args, **kwargs)               # inside a function that set both
-        if n == 1 and not torch_blas(1) and blas_threads.available():
-            with jit.thread_budget(1, 0):
+        if not torch_blas(n) and blas_threads.available():
+            with jit.thread_budget(n, n - 1):
                 return blas_threads.single(functools.partial(f, *args, **kwargs))
         with jit.thread_budget(n, n - 1), blas.gemm_provider(torch_gemm, torch_copy,
                                                              torch_views):
@@ -187,17 +190,16 @@ _TORCH_BLAS: dict = {}
 
 
 def torch_blas(threads: int) -> bool:
-    """Whether the products of calls at `threads` torch threads go to torch's gemm
-    (torch_gemm): at more than one thread always (one pool for torch and the kernels); at
-    one, where torch's gemm is measured at least as fast as numpy's (gemm_rate.py: once per
-    machine, kept in the cache directory)."""
-    if threads > 1:
-        return True
+    """Whether the products of calls at `threads` torch threads (torch's setting now) go to
+    torch's gemm (torch_gemm): where torch's gemm on those threads is measured at least as
+    fast as numpy's on one (gemm_rate.py: once per machine and thread count, kept in the
+    cache directory), the rate numpy's gemm of a whole contraction gets under this frontend."""
     got = _TORCH_BLAS.get(threads)
     if got is None:
         from .. import gemm_rate
         got = _TORCH_BLAS[threads] = gemm_rate.faster_than_numpy(
-            f"torch {torch.__version__}", lambda a, b, out: torch_gemm(a, b, out, 1.0, 0))
+            f"torch {torch.__version__} on {threads} threads",
+            lambda a, b, out: torch_gemm(a, b, out, 1.0, 0))
     return got
 
 
