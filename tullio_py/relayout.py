@@ -69,10 +69,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import blas, schedule
+from . import blas, memo, schedule
 from .guards import linear, top_factors
 from .ir import Access, Affine, Binary, Compare, Equation, Param, Wrapped, map_expr
 from .ranges import affine_bounds
+from .signature import CallSignature
 from .relayout_copies import (Copy, Output, copies, scratch, standin, take,  # noqa: F401
                               target_shape)
 
@@ -85,6 +86,7 @@ __all__ = ["COPY_SHARE", "WASTE", "SCRATCH_ROW", "Copy", "Output", "axes", "choo
 COPY_SHARE = 1 / 8
 WASTE = 1.25        # tiles' work over the statement's from which a scratch output is weighed
 SCRATCH_ROW = 32    # least values of the index a scratch output runs in the lanes
+_SCRATCH = memo.Memo("relayout.scratch", 256)
 
 
 def axes(eq: Equation, rng: dict, arrays: dict) -> dict:
@@ -236,7 +238,12 @@ def choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: bo
     if not mplan.jam:
         return None
     if widths and schedule.tile_waste(mplan, rng) >= WASTE:
-        alt = _scratch_order(kernel_for, eq, rng, arrays, out, widths, kernel.pad)
+        key = (eq, CallSignature.of(arrays, rng, out.dtype, out.shape,
+                                    (tuple(widths.items()), repr(kernel.pad))))
+        alt = _SCRATCH.get(key, False)
+        if alt is False:        # (a fact of the signature: weighed once, ~0.6 ms)
+            alt = _SCRATCH[key] = _scratch_order(kernel_for, eq, rng, arrays, out, widths,
+                                                 kernel.pad)
         if alt is not None and alt[1] < schedule.tile_waste(mplan, rng):
             return alt[0], moved(eq, alt[0]), rng
     return order, m, rng

@@ -5,12 +5,15 @@ output after the loops), `copies` (the arrays themselves, or stand-ins for plann
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import memory
+from . import blas_threads, memory
 from .ir import Equation
+
+SHARED_BYTES = 1 << 20      # a moved copy from this size on may be shared by several threads
 
 @dataclass(frozen=True)
 class Copy:
@@ -75,10 +78,11 @@ def take(order, eq: Equation, out: np.ndarray, dest: np.ndarray) -> None:
         np.copyto(out, back)
 
 
-def copies(arrays: dict, order, run: bool = True) -> dict:
+def copies(arrays: dict, order, run: bool = True, threads: int = 1) -> dict:
     """`arrays` with each array of `order` ((name, Copy or axis order) pairs or a dict)
     replaced by its copy: C-contiguous, cache-line aligned, its axes in that order, widened by
-    the pad value where the Copy says (`run` False: a stand-in of its shape, for planning)."""
+    the pad value where the Copy says (`run` False: a stand-in of its shape, for planning).
+    `threads`: how many threads a large moved copy may share (blas_threads.run)."""
     out = dict(arrays)
     for n, c in (order.items() if isinstance(order, dict) else order):
         if isinstance(c, Output):
@@ -99,21 +103,27 @@ def copies(arrays: dict, order, run: bool = True) -> dict:
                 for part in (slice(0, lo), slice(lo + shape[d], wide[d])):
                     edge[d] = part
                     out[n][tuple(edge)] = c.fill
-        _copy_moved(out[n][inside], np.transpose(v, c.axes))
+        _copy_moved(out[n][inside], np.transpose(v, c.axes), threads=threads)
     return out
 
 
-def _copy_moved(dst: np.ndarray, src: np.ndarray, block: int = 16) -> None:
+def _copy_moved(dst: np.ndarray, src: np.ndarray, block: int = 16, threads: int = 1) -> None:
     """dst[...] = src, where src's last axis may step through memory with a stride: then in
     slabs of `block` elements of that axis.  numpy copies a transposed view element by element
     with the stride innermost; in slabs of 16 (64 bytes of float32) conv2d's dy (16, 64, 32, 32)
-    moved to (16, 32, 32, 64) took 0.55 ms instead of 1.7 ms."""
+    moved to (16, 32, 32, 64) took 0.55 ms instead of 1.7 ms.  From SHARED_BYTES on, the slabs
+    are shared by `threads` threads (numpy's copy releases the GIL)."""
     n = src.shape[-1] if src.ndim else 0
     if src.ndim < 2 or abs(src.strides[-1]) == src.itemsize or n <= 2 * block:
         np.copyto(dst, src)
         return
-    for s in range(0, n, block):
-        np.copyto(dst[..., s:s + block], src[..., s:s + block])
+    tasks = [functools.partial(np.copyto, dst[..., s:s + block], src[..., s:s + block])
+             for s in range(0, n, block)]
+    if threads > 1 and dst.nbytes >= SHARED_BYTES and blas_threads.available():
+        blas_threads.run(tasks, threads)
+        return
+    for t in tasks:
+        t()
 
 
 def standin(shape, dtype) -> np.ndarray:
