@@ -66,7 +66,7 @@ def test_torch_at_one_thread_takes_the_measured_faster_blas(torch_faster, monkey
     numbers agree with numpy's einsum either way."""
     torch = pytest.importorskip("torch")
     from tullio_py.frontends import torch as frontend
-    monkeypatch.setattr(frontend, "_TORCH_BLAS", {})
+    monkeypatch.setattr(frontend, "_TORCH_BLAS", type(frontend._TORCH_BLAS)("test", 8))
     monkeypatch.setattr(gemm_rate, "faster_than_numpy", lambda name, g: torch_faster)
     gemm, used = frontend.torch_gemm, []
     monkeypatch.setattr(frontend, "torch_gemm", lambda *a, **k: used.append(1) or gemm(*a, **k))

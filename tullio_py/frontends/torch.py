@@ -186,7 +186,7 @@ def torch_threads(f):
     return wrapped
 
 
-_TORCH_BLAS: dict = {}
+_TORCH_BLAS = memo.Memo("torch.blas", 64)     # thread count -> torch_blas
 
 
 def torch_blas(threads: int) -> bool:
