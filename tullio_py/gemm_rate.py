@@ -36,14 +36,22 @@ _RATES = memo.Memo("gemm_rate.rates", 8)
 
 @functools.cache
 def _cpu() -> str:
-    """The CPU's model name (a stored rate belongs to one kind of machine)."""
+    """The CPU's model name, family and model (a stored rate belongs to one kind of machine:
+    an AMD Zen 4 and a Zen 5 may both call themselves "AMD EPYC")."""
+    got = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model") and key not in got:
+                    got[key] = value.strip()
+                if not line.strip() and got:
+                    break
     except OSError:
         pass
+    if got:
+        return " / ".join(got[k] for k in ("model name", "cpu family", "model") if k in got)
     import platform
     return platform.processor() or platform.machine()
 
