@@ -99,7 +99,7 @@ def test_torch_forward_and_backward_match_torch(monkeypatch):
     gemm = frontend.torch_gemm
     monkeypatch.setattr(frontend, "torch_gemm", lambda *a: ran.append(1) or gemm(*a))
     # (torch's BLAS taken whatever this machine measures: gemm_rate.py, test_gemm_rate.py)
-    monkeypatch.setattr(frontend, "_TORCH_BLAS", dict.fromkeys(range(1, 65), True))
+    monkeypatch.setattr(frontend, "_TORCH_BLAS", dict.fromkeys(range(1, 65), (2.0, 1.0)))
     _, spec, shapes = CASES["attention_scores"]
     k = KERNELS["attention_scores"]
     for dtype in (torch.float64, torch.float32):

@@ -131,7 +131,7 @@ def test_torch_runs_the_steps_on_its_own_pool(monkeypatch):
     monkeypatch.setattr(frontend, "torch_gemm", lambda *a, **k: gemms.append(1) or gemm(*a, **k))
     monkeypatch.setattr(blas_shift.blas_threads, "run", None)       # a call would raise
     # (torch's BLAS taken whatever this machine measures: gemm_rate.py, test_gemm_rate.py)
-    monkeypatch.setattr(frontend, "_TORCH_BLAS", {1: True, 2: True})
+    monkeypatch.setattr(frontend, "_TORCH_BLAS", {1: (2.0, 1.0), 2: (2.0, 1.0)})
     # numpy's reference: x's windows (b, c, i, j)
     xw = np.lib.stride_tricks.sliding_window_view(x, w.shape[2], axis=2)
     want_y = np.einsum("bcij,ocj->boi", xw, w)

@@ -194,20 +194,30 @@ class gemm_provider:
     frontend takes array x as it is; a caller that checked every array it slices its
     operands from with it (and that no output shares memory with a read) passes
     `checked=True` to `f` and `copy`, which then skip those checks on every step (a
-    convolution's forward and gradients make about 200 such calls, at 4-7 us of checks each)."""
-    __slots__ = ("f", "copy", "views", "old")
+    convolution's forward and gradients make about 200 such calls, at 4-7 us of checks each).  `slow`: how much
+    longer a product takes on the provider's gemm than the cost model counts (numpy's gemm on
+    each of the pool's threads), measured by the frontend: blas_shift.py prices the pool's
+    gemms with it."""
+    __slots__ = ("f", "copy", "views", "slow", "old")
 
-    def __init__(self, f, copy=None, views=None):
-        self.f, self.copy, self.views = f, copy, views
+    def __init__(self, f, copy=None, views=None, slow=1.0):
+        self.f, self.copy, self.views, self.slow = f, copy, views, slow
 
     def __enter__(self):
         self.old = (getattr(gemms, "f", None), getattr(gemms, "copy", None),
-                    getattr(gemms, "views", None))
-        gemms.f, gemms.copy, gemms.views = self.f, self.copy, self.views
+                    getattr(gemms, "views", None), getattr(gemms, "slow", 1.0))
+        gemms.f, gemms.copy, gemms.views, gemms.slow = self.f, self.copy, self.views, self.slow
         return self
 
     def __exit__(self, *exc):
-        gemms.f, gemms.copy, gemms.views = self.old
+        gemms.f, gemms.copy, gemms.views, gemms.slow = self.old
+
+
+def provider_slowdown() -> float:
+    """The seconds of a product on the provider's gemm over the cost model's (numpy's gemm
+    on each of the pool's threads): `slow`, measured by the frontend (gemm_rate.py); 1.0
+    without a provider."""
+    return getattr(gemms, "slow", 1.0) if pooled_gemm() else 1.0
 
 
 def pooled_gemm() -> bool:

@@ -49,7 +49,7 @@ import numpy as np
 from . import blas_shift_cost as model
 from . import blas_shift_gather as gather
 from . import blas_threads, memory
-from .blas import MIN_WORK, factors, pooled_gemm
+from .blas import MIN_WORK, factors, pooled_gemm, provider_slowdown
 from .blas_shift_cost import blasable as _blasable
 from .blas_shift_cost import chain as _chain
 from .blas_shift_cost import merges as _merges
@@ -98,13 +98,14 @@ class Shifted:
         blocked (asked only when a plan is chosen; a fact of the same call signature, so the
         memo stays right)."""
         pooled = pooled_gemm()
+        slow = provider_slowdown()
         key = CallSignature.of(arrays, rng, dtype, out_shape,
-                               (loop_threads, tuple(out_strides), pooled), self.read_names)
+                               (loop_threads, tuple(out_strides), pooled, slow), self.read_names)
         try:
             return self.plans[key]
         except KeyError:
             p = self.plans[key] = _choose(self, arrays, rng, out_shape, out_strides, dtype,
-                                          loop_threads, blocked, pooled)
+                                          loop_threads, blocked, pooled, slow)
             return p
 
     def call(self, arrays: dict, rng: dict, out, dtype, pad=0, loop_threads=1, blocked=None,
@@ -237,22 +238,23 @@ def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
 
 
 def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_threads=1,
-            blocked=None, pooled=False):
+            blocked=None, pooled=False, slow=1.0):
     """The cheapest plan over every valid S and operand arrangement, or None.  LOOP_RATE is
     one thread's: loops on n threads run about n times faster (bench_suite: the local
     convolution's loops 2.0x on 2 threads), which the comparison must count, or a statement
     whose loops scale well is sent to many small gemms that do not.  Register-blocked loops
     (`blocked()`) run at BLOCKED_RATE instead.  `pooled`: the steps run in order on the
     frontend's pool (blas.pooled_gemm), which spreads every plan's gemms alike: none is cheaper
-    for sharing its steps between threads, and several threads price the pool's calls."""
+    for sharing its steps between threads, and several threads price the pool's calls; `slow`:
+    the pool's gemm against the model's (blas.provider_slowdown)."""
     # (on one thread torch's calls open no parallel region: numpy's model, which measured
     # closer there: dW of a conv1d, 32 steps 2.8 ms against one im2col and gemm 3.6-7.9 ms)
     plans = candidates(sh, arrays, rng, out_shape, out_strides, dtype,
-                       loop_threads if pooled and loop_threads > 1 else 0)
+                       loop_threads if pooled and loop_threads > 1 else 0, slow)
     threaded = loop_threads > 1 and blas_threads.available() and not pooled
     if plans:       # (none: out of bounds, or the call does not qualify)
         g = gather.plan(sh.eq, sh.reads, arrays, rng, out_shape, out_strides, dtype,
-                        loop_threads if pooled and loop_threads > 1 else 0)
+                        loop_threads if pooled and loop_threads > 1 else 0, slow)
         plans = plans + [g] if g is not None else plans
     best = min(plans, key=lambda p: p.cost / (min(loop_threads, p.steps[0])
                                               if threaded and p.split else 1), default=None)
@@ -274,10 +276,12 @@ def _choose(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, loop_thread
     return best
 
 
-def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, pool=0) -> list:
+def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, pool=0,
+               slow=1.0) -> list:
     """For each valid S, its cheapest arrangement (empty when the call does not qualify);
     benchmarks/blas_shift_costs.py --validate times them all against the model's choice.
-    `pool`: the threads of the frontend's pool the steps run on (blas.pooled_gemm), else 0."""
+    `pool`: the threads of the frontend's pool the steps run on (blas.pooled_gemm), else 0;
+    `slow`: its gemm's time over the model's."""
     eq = sh.eq
     arrs = [arrays[a.array] for a in sh.reads]
     if dtype.kind not in "fc" or any(a.dtype.kind not in "fc" for a in arrs):
@@ -313,7 +317,7 @@ def candidates(sh: Shifted, arrays, rng, out_shape, out_strides, dtype, pool=0) 
                 disjoint = not scat and all(any(s.names == (n,) for s in eq.lhs.indices)
                                             for n in S)
                 p = _arrange(S, views, vo, rng, dtype.itemsize, disjoint and overwrite, scat,
-                             pool)
+                             pool, slow)
                 plans.append(replace(p, split=_split(eq, S, out_shape, out_strides, dtype)))
     return plans
 
@@ -331,7 +335,7 @@ def _split(eq: Equation, S, out_shape, out_strides, dtype) -> int:
     return 2 if small and contiguous and not named else 0
 
 
-def _arrange(S, views, vo, rng, itemsize, write=False, scat=(), pool=0) -> Plan:
+def _arrange(S, views, vo, rng, itemsize, write=False, scat=(), pool=0, slow=1.0) -> Plan:
     """The cheapest matmul arrangement for one S: which read is on the left, which of each
     read's free indices merge into the matrix dimension (the rest become broadcast batch
     axes), and the order of the contracted indices.  `write`: each step stores its result
@@ -356,7 +360,7 @@ def _arrange(S, views, vo, rng, itemsize, write=False, scat=(), pool=0) -> Plan:
                 for nb in _merges(free[right], size, strides[right], so):
                     c = model.cost(S, labels, left, list(kk), ma, nb, batch, free, lo, size,
                                    strides, itemsize, write, spans,
-                                   _prod(size[x] for x in scat), pool)
+                                   _prod(size[x] for x in scat), pool, slow)
                     if best is None or c < best[0]:
                         best = (c, left, list(kk), ma, nb)
     cost, left, kk, ma, nb = best

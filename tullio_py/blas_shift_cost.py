@@ -122,14 +122,15 @@ def merges(free, size, stride, out_stride=None):
 
 
 def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
-         write=False, spans=None, adds=1, pool=0) -> float:
+         write=False, spans=None, adds=1, pool=0, slow=1.0) -> float:
     """Seconds the model gives one arrangement; `write`: each step's result may be stored
     into the output (no two steps write the same element) rather than added to it; `spans`:
     elements of each read one step touches (fewer than its view's when axes overlap);
     `adds`: np.add calls that take one step's result into the output (col2im); `pool`: the
     threads of a frontend's pool the gemms and copies run on (0: numpy's), which calls a
     step's batch of gemms at once (T_POOL per call), spreads its work over its threads and
-    adds the result into the output in place where the output's view is a matmul result."""
+    adds the result into the output in place where the output's view is a matmul result;
+    `slow`: the pool's gemm time over this model's (blas.provider_slowdown)."""
     right = 1 - left
     moved = 0.0
     calls_made, regions = 1, 1
@@ -175,6 +176,7 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
     calls = prod(size[x] for x in batch + ga + gb)
     gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
     if pool:
+        gemm *= slow
         waits = regions * T_REGION if pool > 1 else 0
         return prod(size[x] for x in S) * (adds * T_STEP + calls_made * T_POOL + waits + alone
                                            + (calls * (T_CALL + gemm) + moved) / pool)

@@ -104,8 +104,9 @@ def form(eq, reads):
 
 
 def plan(eq, reads, arrays, rng, out_shape, out_strides, dtype,
-         pool=0) -> GatherPlan | None:
-    """The gather plan of this call, priced by the model, or None where it does not apply."""
+         pool=0, slow=1.0) -> GatherPlan | None:
+    """The gather plan of this call, priced by the model, or None where it does not apply
+    (`pool`, `slow`: as for blas_shift_cost.cost)."""
     f = form(eq, reads)
     if f is None:
         return None
@@ -149,6 +150,7 @@ def plan(eq, reads, arrays, rng, out_shape, out_strides, dtype,
                     (1 + model.H / m + model.H / n + model.H / kk))
     zero = group * colb / model.BW
     if pool:
+        gemm *= slow
         regions = 1 + (valid >= model.GRAIN)
         waits = regions * model.T_REGION if pool > 1 else 0
         cost = zero / pool + steps * (model.T_STEP + 2 * model.T_POOL + waits

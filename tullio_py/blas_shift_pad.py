@@ -20,7 +20,7 @@ from itertools import product
 import numpy as np
 
 from . import memory
-from .blas import pooled_gemm
+from .blas import pooled_gemm, provider_slowdown
 from .blas_shift_cost import c_order
 from .blas_shift_run import run
 from .memo import Memo
@@ -75,7 +75,8 @@ class Padded:
     def plan(self, arrays: dict, rng: dict, out_shape, out_strides, dtype, loop_threads=1,
              blocked=None):
         key = CallSignature.of(arrays, rng, dtype, out_shape,
-                               (loop_threads, tuple(out_strides), pooled_gemm()),
+                               (loop_threads, tuple(out_strides), pooled_gemm(),
+                                provider_slowdown()),
                                self.inner.read_names)
         try:
             return self.plans[key]

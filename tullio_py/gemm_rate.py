@@ -1,18 +1,18 @@
-"""Which BLAS is faster on this machine: a frontend's gemm or numpy's, measured once.
+"""How fast a frontend's gemm and numpy's run on this machine, measured once.
 
 A frontend may run the products of a call on its own BLAS (blas.gemm_provider: torch's, so
-that its threads and the kernels' share one pool).  Whether that BLAS is the faster one is a
+that its threads and the kernels' share one pool).  How fast that BLAS is against numpy's is a
 fact of the machine, not of the code: on an AMD Zen 5 (2 cores, AVX-512) torch 2.13's MKL sgemm
 ran 88-94 GFLOP/s on one thread where numpy's OpenBLAS 0.3.31 ran 140-210 (the shapes of
 `SHAPES`, and 512^3), and a conv1d's forward and backward through torch's gemm took 11.5 ms
 against 9.5 ms through numpy's; on an Intel machine MKL ran 275 GFLOP/s on 2 threads.  So the
 rate of each is measured here (numpy's on one thread, a frontend's on its own thread setting),
 float32, on the products of a convolution (a batch element's im2col gemm and the weight
-gradient's), and kept in memory and in the cache directory: the choice is the same for every
-call on this machine, and costs one measurement (about 20 ms) per machine and thread count,
-not per process.
+gradient's), and kept in memory and in the cache directory: the frontend's choices
+(frontends/torch.py: `torch_blas`, `torch_slowdown`) are the same for every call on this
+machine, and cost one measurement (about 20 ms) per machine and thread count, not per process.
 
-    faster_than_numpy("torch", torch_gemm)  ->  True when torch's gemm is at least as fast
+    rate("numpy", numpy_gemm), rate("torch 2.13.0 on 2 threads", gemm)  ->  flop/s
 
 The stored rate is the best measured so far (a measurement on a loaded machine comes out low,
 and `refresh=True` can only raise it), keyed by the provider's name and the CPU's model name,
@@ -81,7 +81,7 @@ def measure(gemm) -> float:
     return flops / seconds
 
 
-def _numpy_gemm(a, b, out):
+def numpy_gemm(a, b, out):
     np.matmul(a, b, out=out)
 
 
@@ -104,9 +104,3 @@ def rate(name: str, gemm, refresh: bool = False) -> float:
         got = stored
     _RATES[key] = got
     return got
-
-
-def faster_than_numpy(name: str, gemm) -> bool:
-    """Whether `gemm(a, b, out)` (a frontend's, named `name` with its thread count, called
-    with its library's settings as they are) runs at least as fast as numpy's on one thread."""
-    return rate(name, gemm) >= rate("numpy", _numpy_gemm)

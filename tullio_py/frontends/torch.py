@@ -161,13 +161,13 @@ def torch_threads(f):
     thread alone: OpenBLAS's workers would spin beside torch's, and on one torch thread the
     budget is one thread.
 
-    Where torch's gemm is slower than numpy's (measured on this machine, gemm_rate.py:
-    `torch_blas`), the products go to numpy's instead, each gemm on one thread: a product
-    of a whole contraction on the calling thread, blas_shift.py's steps split over Python
-    threads that wait on a lock (blas_threads.py), so no BLAS pool spins beside torch's
-    either way.  AMD Zen 5, 2 cores: torch's MKL sgemm ran at about half OpenBLAS's rate on
-    one thread and on two; a conv2d NHWC forward and backward at one thread 18.5 -> 13.2 ms,
-    its weight gradient alone at two 4.5 -> 2.1 ms."""
+    The rates of torch's gemm and numpy's are measured on this machine (gemm_rate.py).  On
+    one thread no pool is shared, and where torch's gemm is the slower the products go to
+    numpy's, on this thread (`torch_blas`: AMD Zen 5, torch's MKL sgemm 90 GFLOP/s against
+    OpenBLAS's 175; a conv2d NHWC forward and backward 18.5 -> 13.2 ms).  On several, torch's
+    pool takes them whatever its rate, and the cost model prices its gemm as measured
+    (`torch_slowdown`): numpy's gemms on Python threads beside torch's spinning workers ran
+    bench_layers' conv1d forward and backward 1.9 -> 2.3x torch's time on 2 threads."""
     @functools.wraps(f)
     def wrapped(*args, **kwargs):
         if torch.compiler.is_compiling():       # traced, not run: the custom ops run it later
@@ -176,31 +176,49 @@ def torch_threads(f):
         if getattr(jit.budgets, "n", None) == n and getattr(blas.gemms, "f", None) is torch_gemm:
             return f(*args, **kwargs)               # inside a function that set both
         if not torch_blas(n) and blas_threads.available():
-            with jit.thread_budget(n, n - 1):
+            with jit.thread_budget(1, 0):
                 return blas_threads.single(functools.partial(f, *args, **kwargs))
         with jit.thread_budget(n, n - 1), blas.gemm_provider(torch_gemm, torch_copy,
-                                                             torch_views):
+                                                             torch_views, torch_slowdown(n)):
             if blas_threads.available():        # numpy's BLAS on this thread only
                 return blas_threads.single(functools.partial(f, *args, **kwargs))
             return f(*args, **kwargs)
     return wrapped
 
 
-_TORCH_BLAS = memo.Memo("torch.blas", 64)     # thread count -> torch_blas
+_TORCH_BLAS = memo.Memo("torch.blas", 64)     # thread count -> (torch's, numpy's flop/s)
 
 
-def torch_blas(threads: int) -> bool:
-    """Whether the products of calls at `threads` torch threads (torch's setting now) go to
-    torch's gemm (torch_gemm): where torch's gemm on those threads is measured at least as
-    fast as numpy's on one (gemm_rate.py: once per machine and thread count, kept in the
-    cache directory), the rate numpy's gemm of a whole contraction gets under this frontend."""
+def gemm_rates(threads: int) -> tuple:
+    """(torch's gemm flop/s on `threads` threads, numpy's on one): measured once per machine
+    and thread count (gemm_rate.py, kept in the cache directory), on torch's setting now."""
     got = _TORCH_BLAS.get(threads)
     if got is None:
         from .. import gemm_rate
-        got = _TORCH_BLAS[threads] = gemm_rate.faster_than_numpy(
-            f"torch {torch.__version__} on {threads} threads",
-            lambda a, b, out: torch_gemm(a, b, out, 1.0, 0))
+        got = _TORCH_BLAS[threads] = (
+            gemm_rate.rate(f"torch {torch.__version__} on {threads} threads",
+                           lambda a, b, out: torch_gemm(a, b, out, 1.0, 0)),
+            gemm_rate.rate("numpy", gemm_rate.numpy_gemm))
     return got
+
+
+def torch_blas(threads: int) -> bool:
+    """Whether the products of calls at `threads` torch threads go to torch's gemm
+    (torch_gemm): on several threads always (one pool), on one where torch's gemm is measured
+    at least as fast as numpy's."""
+    if threads > 1:
+        return True
+    mine, numpy_rate = gemm_rates(1)
+    return mine >= numpy_rate
+
+
+def torch_slowdown(threads: int) -> float:
+    """A product's time on torch's gemm over the cost model's, which counts numpy's gemm on
+    each of the pool's `threads` threads (blas.gemm_provider's `slow`); at least 1/4."""
+    if threads < 2:
+        return 1.0
+    mine, numpy_rate = gemm_rates(threads)
+    return max(0.25, numpy_rate * threads / mine)
 
 
 def torch_views(x: np.ndarray) -> bool:
