@@ -194,10 +194,10 @@ class gemm_provider:
     frontend takes array x as it is; a caller that checked every array it slices its
     operands from with it (and that no output shares memory with a read) passes
     `checked=True` to `f` and `copy`, which then skip those checks on every step (a
-    convolution's forward and gradients make about 200 such calls, at 4-7 us of checks each).  `slow`: how much
-    longer a product takes on the provider's gemm than the cost model counts (numpy's gemm on
-    each of the pool's threads), measured by the frontend: blas_shift.py prices the pool's
-    gemms with it."""
+    convolution's forward and gradients make about 200 such calls, at 4-7 us of checks each).
+    `slow`: how much longer a product takes on the provider's gemm than the cost model counts
+    (numpy's gemm on each of the pool's threads), measured by the frontend: blas_shift.py
+    prices the pool's gemms with it."""
     __slots__ = ("f", "copy", "views", "slow", "old")
 
     def __init__(self, f, copy=None, views=None, slow=1.0):

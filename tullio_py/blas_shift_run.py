@@ -136,7 +136,7 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                 at = [slice(None)] * len(p.res_shape)
                 for ax, v in zip(p.scatter_axes, sv):
                     at[ax] = v
-                _store(copy, t, r[tuple(at)], True)
+                store(copy, t, r[tuple(at)], True)
             continue
         t = mo[tuple(pos[j] for j in subs[2]) + (Ellipsis,)].transpose(p.out_perm)
         if write:
@@ -148,7 +148,7 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                     continue
                 except (ValueError, TypeError):     # the output's layout is no matmul result
                     pass
-            _store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), False)
+            store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), False)
             continue
         if gemm is not None and t.dtype == a.dtype == b.dtype:
             try:        # the frontend's gemm adds into the output in place (beta 1)
@@ -156,12 +156,13 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                     continue
             except ValueError:                      # the output's layout is no matmul result
                 pass
-        _store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), True)
+        store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), True)
 
 
-def _store(copy, t, r, add: bool):
-    """t[...] = r, or t += r: through the frontend's copy where there is one and it takes
-    the call (on its pool: torch's), else numpy's on this thread."""
+def store(copy, t, r, add: bool):
+    """t[...] = r, or t += r: through the frontend's copy `copy` where there is one and it
+    takes the call (on its pool: torch's), else numpy's on this thread (also relayout's
+    scratch output taken into its output)."""
     if copy is not None and copy(t, r, add):
         return
     if add:

@@ -82,22 +82,23 @@ def measure(gemm) -> float:
 
 
 def numpy_gemm(a, b, out):
-    np.matmul(a, b, out=out)
+    """np.matmul on this thread alone (where OpenBLAS lets it be set: blas_threads.py)."""
+    if blas_threads.available():
+        blas_threads.single(np.matmul, a, b, out)
+    else:
+        np.matmul(a, b, out=out)
 
 
 def rate(name: str, gemm, refresh: bool = False) -> float:
-    """The best measured flop/s of `gemm` (named `name`; "numpy": np.matmul on one thread),
-    from memory, else the cache directory, else measured now and stored."""
+    """The best measured flop/s of `gemm` (named `name`), from memory, else the cache
+    directory, else measured now and stored."""
     key = ("gemm rate", name, _cpu(), 1)
     got = _RATES.get(key)
     if got is not None and not refresh:
         return got
     stored = cache.load_pickle(key)
     if stored is None or refresh:
-        if name == "numpy" and blas_threads.available():
-            new = blas_threads.single(measure, gemm)
-        else:
-            new = measure(gemm)
+        new = measure(gemm)
         got = new if stored is None else max(stored, new)
         cache.store_pickle(key, got)
     else:

@@ -159,15 +159,15 @@ def moved(eq: Equation, order: dict) -> Equation:
         return Affine.of(inner.terms, inner.const + lo, inner.span) if lo else inner
 
     def read(n):
-        if not (isinstance(n, Access) and n.array in order):
+        if not isinstance(n, Access) or n.array not in order or \
+                isinstance(order[n.array], Output):
             return n
         c = Copy.of(order[n.array])
         if not c.pads:
             return Access(n.array, tuple(n.indices[d] for d in c.axes), n.span)
         return Access(n.array, tuple(slot(n.indices[d], lo) for d, (lo, _) in
                                      zip(c.axes, c.pads)), n.span)
-    rhs = map_expr(eq.rhs, lambda n: n if isinstance(n, Access) and n.array == eq.output
-                   else read(n))
+    rhs = map_expr(eq.rhs, read)
     o = order.get(eq.output)
     if isinstance(o, Output):
         lhs = Access(eq.lhs.array, tuple(eq.lhs.indices[d] for d in o.axes), eq.lhs.span)
@@ -237,14 +237,15 @@ def choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: bo
     mplan = gm.plan_for(stand, rng, out.dtype, out.shape)[0]
     if not mplan.jam:
         return None
-    if widths and schedule.tile_waste(mplan, rng) >= WASTE:
+    waste = schedule.tile_waste(mplan, rng)
+    if widths and waste >= WASTE:
         key = (eq, CallSignature.of(arrays, rng, out.dtype, out.shape,
                                     (tuple(widths.items()), repr(kernel.pad))))
         alt = _SCRATCH.get(key, False)
         if alt is False:        # (a fact of the signature: weighed once, ~0.6 ms)
             alt = _SCRATCH[key] = _scratch_order(kernel_for, eq, rng, arrays, out, widths,
                                                  kernel.pad)
-        if alt is not None and alt[1] < schedule.tile_waste(mplan, rng):
+        if alt is not None and alt[1] < waste:
             return alt[0], moved(eq, alt[0]), rng
     return order, m, rng
 

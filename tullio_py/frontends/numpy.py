@@ -123,8 +123,7 @@ def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     order, moved, rng = got
     mk = kernel.kernel_for(moved)
     mk.relaid_reads = tuple(order.items())      # (what it reads, for gradient_code)
-    copies = relayout.copies(arrays, order, threads=_budgeted(
-        schedule.thread_count(kernel.threads, jit.max_threads()) or jit.max_threads()))
+    copies = relayout.copies(arrays, order, threads=shift_threads(kernel))
     dest = relayout.scratch(order, kernel.equation.output, out)
     prepared, call_ranges, extra = mk.prepare(copies, rng, dest.dtype, dest.shape)
     launch(mk, prepared, arguments(prepared, copies, dest, call_ranges, extra))
