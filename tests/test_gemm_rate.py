@@ -17,7 +17,7 @@ def fresh(tmp_path, monkeypatch):
 
 def test_measure_divides_the_flops_by_the_fastest_calls(monkeypatch):
     """Every call takes one tick of the fake clock: the rate is the flops of SHAPES over one
-    tick per shape, and the gemm computed a @ b on float32 operands of those shapes."""
+    tick per shape, and the gemm was called on float32 operands of those shapes."""
     ticks = iter(range(10 ** 6))
     monkeypatch.setattr(gemm_rate.time, "perf_counter", lambda: float(next(ticks)))
     seen = []
@@ -25,7 +25,6 @@ def test_measure_divides_the_flops_by_the_fastest_calls(monkeypatch):
     def gemm(a, b, out):
         seen.append((a.shape, b.shape, a.dtype))
         np.matmul(a, b, out=out)
-        assert np.allclose(out, a @ b)
     got = gemm_rate.measure(gemm)
     flops = sum(2.0 * m * k * n for m, k, n in gemm_rate.SHAPES)
     assert got == flops / len(gemm_rate.SHAPES)

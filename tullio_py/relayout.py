@@ -290,7 +290,7 @@ def _scratch_order(kernel_for, eq: Equation, rng: dict, arrays: dict, out, width
         if not in_bounds(m, rng, stand):
             continue
         plan = kernel_for(m).plan_for(stand, rng, out.dtype, shape)[0]
-        if plan.jam and plan.jam[2] and plan.loops[-1].index == c:
+        if plan.jam and plan.loops[-1].index == c:
             waste = schedule.tile_waste(plan, rng)
             if best is None or waste < best[1]:
                 best = (order, waste)
