@@ -10,7 +10,8 @@
 - BW: bytes of a contiguous float32 view copied per second (copy of a 16 MB array);
 - BW_CACHE: the same for a 256 KB array copied again and again (it stays in the cache);
 - PENALTY: how much slower a copy whose contiguous runs are 4 elements long is;
-- LOOP_RATE: flop/s of the generated loops (blas=False) on a conv1d and a conv2d.
+- LOOP_RATE: flop/s of the generated loops (blas=False) on a conv1d and a conv2d;
+- TRANS_B: the extra time of a gemm whose right operand is a transposed view (`trans_b`).
 
 Prints the values to paste into blas_shift_cost.py; medians of several runs.  The numbers depend on
 what else runs on the machine: say so next to them.
@@ -59,6 +60,25 @@ def fit_gemm(rng):
     peak, h = 2.0 / a, ah / a
     pred = (np.array(rows) @ coef) / np.array(ts)
     return t_call, peak, h, float(np.median(np.abs(pred - 1)))
+
+
+def trans_b(rng):
+    """TRANS_B: a gemm whose right operand is a transposed view (its columns contiguous: BLAS's
+    "T" for B) takes 1 + TRANS_B/m times the time of the same product with both in C order
+    (OpenBLAS packs a transposed B more slowly; the cost grows with B against the m rows of
+    A that share its packing).  The median of m * (t_T / t_N - 1) over a grid."""
+    fits = []
+    for m in (32, 64, 128, 320):
+        for n in (64, 288, 1024):
+            for k in (256, 1024):
+                a = rng.random((m, k), dtype=np.float32)
+                b = rng.random((k, n), dtype=np.float32)
+                bt = np.ascontiguousarray(b.T).T
+                out = np.empty((m, n), np.float32)
+                t_n = median_time(lambda a=a, b=b, out=out: np.matmul(a, b, out=out), 9)
+                t_t = median_time(lambda a=a, b=bt, out=out: np.matmul(a, b, out=out), 9)
+                fits.append(m * (t_t / t_n - 1))
+    return float(np.median(fits))
 
 
 def step_time(rng):
@@ -189,6 +209,7 @@ def main():
     t_step = step_time(rng) - t_call
     bw, penalty, bw_cache = copy_costs(rng)
     lr = loop_rate(rng)
+    tb = trans_b(rng)
     print(f"threads={args.threads}  load average {os.getloadavg()}")
     print(f"PEAK = {peak:.3g}      # flop/s (gemm fit, median relative error {err:.0%})")
     print(f"H = {h:.3g}")
@@ -198,6 +219,7 @@ def main():
     print(f"BW_CACHE = {bw_cache:.3g}")
     print(f"PENALTY = {penalty:.3g}")
     print(f"LOOP_RATE = {lr:.3g}")
+    print(f"TRANS_B = {tb:.3g}")
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ and a looped batch index), operands copied in either order, results stored step 
 (`:=`), added (`+=`) or added value by value of a shifted output index (col2im), on odd
 sizes, strides, dilations and non-contiguous inputs."""
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas, blas_shift, blas_shift_pad, kernel
+from tullio_py import Kernel, blas, blas_shift, blas_shift_cost, blas_shift_pad, kernel
 
 R = np.random.default_rng(11)
 
@@ -113,6 +114,53 @@ def test_transposed_copies_are_exercised():
     rng = k.ranges(**arrays, dw=out)
     plans = blas_shift.candidates(k._shift, arrays, rng, out.shape, out.strides, out.dtype)
     assert any(op[4] for p in plans for op in p.ops)
+
+
+def test_weight_gradient_puts_the_longer_side_on_the_left_and_sums_its_steps(monkeypatch):
+    """conv1d's dW over a batch of 32 on numpy's BLAS: dy's 64 output channels on the left would
+    take x's im2col as a transposed right operand, 1 + TRANS_B/64 times slower; the model puts
+    x's merged (c, j), 320 rows, on the left, and the steps' (c, j, o) results, which reach dW
+    (o, c, j) only through a strided pass, are summed first and added once (accumulate).
+    Without the transposed operand's price it kept dy on the left."""
+    k = Kernel("dw[o,c,j] += dy[b,o,i] * x[b,c,i+j]", threads=1)
+    arrays = {"dy": R.standard_normal((32, 64, 256)).astype(np.float32),
+              "x": R.standard_normal((32, 64, 260)).astype(np.float32)}
+    out = np.zeros((64, 64, 5), np.float32)
+    rng = k.ranges(**arrays, dw=out)
+
+    def plan():
+        k._shift.plans.clear()
+        return k._shift.plan(arrays, rng, out.shape, out.strides, out.dtype, 1)
+    p = plan()
+    assert p.loop == ("b",) and p.left == 1 and p.accumulate and p.im2col, p
+    monkeypatch.setattr(blas_shift_cost, "TRANS_B", 0.0)
+    p0 = plan()
+    assert p0.left == 0 and not p0.accumulate, p0
+
+
+@pytest.mark.parametrize("expr", ["dw[o,c,j] -= 0.5 * dy[b,o,i] * x[b,c,i+j]",
+                                  "dw[o,c,j] = dy[b,o,i] * x[b,c,i+j]",
+                                  "dw[o,c,i,j] += dy[b,o,h,v] * x[b,c,h+i,v+j]"])
+def test_accumulated_steps_match_the_loops(expr):
+    """Every candidate whose steps add into one block of the output, made to sum its steps
+    first (Plan.accumulate; the model asks for it on larger sizes), gives the loops' numbers:
+    `-=` with a scale, `=` over old values, conv2d's dW."""
+    k, loops = Kernel(expr, threads=1), kernel(expr, blas=False)
+    _, shapes, out_shape = CASES["dw"] if "h" not in expr else (
+        None, {"dy": (3, 7, 9, 12), "x": (3, 6, 11, 13)}, (7, 6, 3, 2))
+    arrays = {n: R.standard_normal(s) for n, s in shapes.items()}
+    start = R.standard_normal(out_shape)
+    want = start.copy()
+    loops(**arrays, dw=want)
+    rng = k.ranges(**arrays, dw=start)
+    plans = [replace(p, accumulate=True) for p in blas_shift.candidates(
+        k._shift, arrays, rng, start.shape, start.strides, start.dtype)
+        if p.loop and not p.write and not p.scatter and not p.views[2].sub]
+    assert len(plans) >= 2
+    for p in plans:
+        got = start.copy()
+        blas_shift.run(p, k._shift, arrays, got, k.equation.assign == "=", p.write)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=str(p.loop))
 
 
 def test_conv1d_forward_loops_over_the_batch():

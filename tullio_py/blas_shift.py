@@ -217,6 +217,8 @@ class Plan:
     split: int = 0        # the first looped index's steps may run on several threads, each
                           # into its own output elements (1) or into its own zeroed copy of a
                           # small output, summed after (2)
+    accumulate: bool = False    # the steps' results summed in their own order, added into
+                                # the output once (blas_shift_cost.accumulates)
 
 
 def _view(acc: Access, shape, strides, rng: dict, S: tuple) -> _View | None:
@@ -396,10 +398,13 @@ def _arrange(S, views, vo, rng, itemsize, write=False, scat=(), pool=0, slow=1.0
     direct = write and _chain(ma, size, so) and _chain(nb, size, so) and \
         _blasable(ma, nb, so, itemsize)
     kept = [x for x in res if x not in scat]
+    acc = not direct and model.accumulates(S, lo, res, size, so, itemsize, write,
+                                           _prod(size[x] for x in scat), pool)
     return Plan(tuple(S), tuple(size[x] for x in S), (views[0], views[1], vo), tuple(ops),
                 left, tuple(size[x] for x in res),
                 tuple(size[x] for x in batch + ga + gb) + (_prod(size[x] for x in ma),
                                                            _prod(size[x] for x in nb)),
                 tuple(sorted(kept, key=lo.index).index(x) for x in kept), small,
                 cost, im2col, write, direct, tuple(scat),
-                tuple(size[x] for x in scat), tuple(res.index(x) for x in scat))
+                tuple(size[x] for x in scat), tuple(res.index(x) for x in scat),
+                accumulate=acc)

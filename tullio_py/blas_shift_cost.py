@@ -10,7 +10,12 @@ result's trip into the output move their bytes at BW, or at BW_CACHE when one st
 in CACHE bytes (it is still in the cache when the gemm reads it: a loop over the batch index
 keeps each step's im2col matrix there); an element of a strided access costs up to a cache
 line (LINE bytes).  A result the gemm can write straight into the output moves nothing more;
-one written through a temporary costs 2 passes over it, one added to the output 3.
+one written through a temporary costs 2 passes over it, one added to the output 3.  A
+gemm whose right operand is a transposed view (numpy's BLAS packs it more slowly) takes
+1 + TRANS_B/m times longer; where the steps add into one output block the same for every
+step (a weight gradient looped over the batch) in an order other than the result's, the
+results are summed in a block of the result's own order and added into the output once
+(`accumulates`).
 """
 from __future__ import annotations
 
@@ -67,6 +72,13 @@ T_POOL = 1.2e-5
 # 2 threads, two runs each: 3e-4: 9.4-9.2 / 18.2-19.5 / 17.4-20.4 ms; 1e-4: 7.3-8.2 /
 # 17.9-18.5 / 16.5-17.1 ms; 0: 8.0-8.1 / 15.2-15.9 / 16.1-16.5 ms: the middle value.
 T_REGION = 1e-4
+# A gemm of m rows whose right operand is a transposed view takes 1 + TRANS_B/m times the
+# time of the same product in C order (benchmarks/blas_shift_costs.py `trans_b`, numpy's
+# OpenBLAS 0.3.31 on an AMD Zen 5, 1 thread, load 0.2: 22.5; 1.37x at m=64, 1.08x at m=288).
+# torch's MKL gemm showed no such difference (the pool's gemms are not charged it).  Without
+# it a conv2d NCHW's dW put its 64 output channels on the left (NT, 4.5 ms of gemm) rather
+# than its 288 merged input positions (2.9-3.4 ms).
+TRANS_B = 22.5
 GRAIN = 32768       # elements below which torch's elementwise ops run on the calling thread
 
 
@@ -134,13 +146,18 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
     right = 1 - left
     moved = 0.0
     calls_made, regions = 1, 1
+    trans_b = False     # the right operand reaches the gemm as a transposed view
     for i, mine, first in ((left, ma, True), (right, nb, False)):
         st = strides[i]
         views = chain(mine, size, st) and chain(kk, size, st)      # else reshape copies
         matrix = (blasable(mine, kk, st, itemsize) if first else
                   blasable(kk, mine, st, itemsize))                  # else copied for gemm
+        groups = (mine, kk) if first else (kk, mine)
+        if not first:
+            trans_b = (flip_copy(labels[i], groups, size, st, itemsize)
+                       if not (views and matrix) else
+                       bool(mine) and abs(st[mine[-1]]) != itemsize)
         if not (views and matrix):
-            groups = (mine, kk) if first else (kk, mine)
             moved += copy_time(labels[i], groups, size, st, itemsize,
                                spans[i] if spans else None)
             calls_made += 1
@@ -163,24 +180,42 @@ def cost(S, labels, left, kk, ma, nb, batch, free, lo, size, strides, itemsize,
             regions += 1
             direct = True
     alone = 0.0         # numpy's passes on the calling thread alone (the pool's own share)
+    once = 0.0          # the summed results' one trip into the output (`accumulates`)
     if not direct:      # the product through a new block, stored or added into the output
         nbytes = prod(size[x] for x in res) * itemsize
         passes = (2 if write else 3) * copy_bytes(lo, res, size, so, itemsize)
+        speed = BW_CACHE if nbytes <= CACHE else BW
         if pool and adds == 1:      # the pool's copy or add (frontends/torch.torch_copy)
             moved += passes / BW
             regions += 1
             calls_made += 1
+        elif accumulates(S, lo, res, size, so, itemsize, write, adds, pool):
+            alone, once = 3 * nbytes / speed, passes / speed
         else:
-            alone = passes / (BW_CACHE if nbytes <= CACHE else BW)
+            alone = passes / speed
     m, n, k = (prod(size[x] for x in g) for g in (ma, nb, kk))
     calls = prod(size[x] for x in batch + ga + gb)
-    gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k)
+    gemm = 2.0 * m * n * k / PEAK * (1 + H / m + H / n + H / k +
+                                      (TRANS_B / m if trans_b and not pool else 0))
     if pool:
         gemm *= slow
         waits = regions * T_REGION if pool > 1 else 0
         return prod(size[x] for x in S) * (adds * T_STEP + calls_made * T_POOL + waits + alone
                                            + (calls * (T_CALL + gemm) + moved) / pool)
-    return prod(size[x] for x in S) * (adds * T_STEP + calls * (T_CALL + gemm) + moved + alone)
+    return prod(size[x] for x in S) * (adds * T_STEP + calls * (T_CALL + gemm) + moved + alone) \
+        + once
+
+
+def accumulates(S, lo, res, size, so, itemsize, write, adds, pool) -> bool:
+    """Whether the steps' results are summed in a block of the result's order and added into
+    the output once: numpy's steps (no pool) that add (not `write`, no col2im) into one output
+    block, the same at every step (no looped index names an output axis), which the result
+    reaches only through a strided pass.  conv1d's dW[o,c,j] with x's merged (c, j) on the
+    left: 32 steps of a (320, 64) result added into (64, 320) each, or once."""
+    steps = prod(size[x] for x in S)
+    return (not pool and not write and adds == 1 and steps > 1 and not any(x in so for x in S)
+            and copy_bytes(lo, res, size, so, itemsize) >
+            prod(size[x] for x in res) * itemsize * 1.5)
 
 
 def copy_time(labels, groups, size, stride, itemsize, span=None) -> float:

@@ -104,6 +104,7 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
     `gemm`, `copy`: a frontend's (blas.gemm_provider) the products and copies go to first."""
     subs = [v.sub for v in p.views]
     bufs = [None, None]     # an operand's merged (im2col) copy, reused by every step
+    acc = tmp = None        # the summed results of a plan that accumulates (Plan.accumulate)
     ranges = [range(lo, hi)] + [range(n) for n in p.steps[1:]] if p.loop else []
     for pos in product(*ranges):
         xs = []
@@ -150,6 +151,13 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
                     pass
             store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), False)
             continue
+        if p.accumulate and gemm is None:   # summed here, added into the output once
+            if acc is None:
+                acc = np.matmul(a, b)
+                tmp = np.empty_like(acc)
+            else:
+                np.add(acc, np.matmul(a, b, out=tmp), out=acc)
+            continue
         if gemm is not None and t.dtype == a.dtype == b.dtype:
             try:        # the frontend's gemm adds into the output in place (beta 1)
                 if gemm(a, b, np.reshape(t, p.mm_shape, copy=False), 1, 1):
@@ -157,6 +165,8 @@ def _steps(p, masters, mo, lo: int, hi: int, scale, write: bool, gemm=None, copy
             except ValueError:                      # the output's layout is no matmul result
                 pass
         store(copy, t, _matmul(gemm, a, b).reshape(p.res_shape), True)
+    if acc is not None:     # (no looped index names an output axis: one block for all steps)
+        store(copy, mo[(Ellipsis,)].transpose(p.out_perm), acc.reshape(p.res_shape), True)
 
 
 def store(copy, t, r, add: bool):
