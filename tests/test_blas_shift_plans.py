@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tullio_py import Kernel, blas, blas_shift, blas_shift_cost, blas_shift_pad, kernel
+from tullio_py import Kernel, blas, blas_shift, blas_shift_cost, blas_shift_pad, jit, kernel
 
 R = np.random.default_rng(11)
 
@@ -133,6 +133,9 @@ def test_weight_gradient_puts_the_longer_side_on_the_left_and_sums_its_steps(mon
         return k._shift.plan(arrays, rng, out.shape, out.strides, out.dtype, 1)
     p = plan()
     assert p.loop == ("b",) and p.left == 1 and p.accumulate and p.im2col, p
+    with jit.thread_budget(1, 0):       # (explain plans for the budget's threads)
+        said = k.explain(**arrays, dw=out.copy()).detail
+    assert "summed over the steps, then added into the output once" in said, said
     monkeypatch.setattr(blas_shift_cost, "TRANS_B", 0.0)
     p0 = plan()
     assert p0.left == 0 and not p0.accumulate, p0

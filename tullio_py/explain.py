@@ -90,7 +90,8 @@ def _path(k, arrays, rng, out, shape, dtype):
                 p, "gather", False) else "gemm after an im2col copy" if p.im2col else
                 "np.matmul over strided views")
             col2im = (f", added into the output for each {', '.join(p.scatter)} (col2im)"
-                      if p.scatter else "")
+                      if p.scatter else ", summed over the steps, then added into the output"
+                      " once" if getattr(p, "accumulate", False) else "")
             n = blas_shift.step_threads(p, shift_groups(), shift_threads(k))
             shared = f"; steps of {p.loop[0]} shared by {n} threads" if n > 1 else ""
             return "blas_shift", (f"{how}{kind}, result {p.res_shape}{col2im}{shared}; "
