@@ -280,6 +280,28 @@ def test_non_finite_other_factor_keeps_the_guarded_loops(bad, monkeypatch):
     np.testing.assert_array_equal(got, want)
 
 
+def test_choice_is_weighed_once_per_signature_and_values_checked_per_call(monkeypatch):
+    """choose weighs a signature once (the values padded() checks taken as finite) and
+    checks those values on every call: a later call with an infinite w keeps the guarded
+    loops, and the finite call after it pads again without being weighed anew."""
+    expr, arrays, _ = _conv_dx_case("conv1d", np.float64)
+    k = kernel(expr, blas=False)
+    rng = k.ranges(**arrays)
+    weighed = []
+    inner = relayout._choose
+    monkeypatch.setattr(relayout, "_choose", lambda *a: weighed.append(a[6]) or inner(*a))
+    first = relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"])
+    assert first is not None and weighed == [True]
+    assert relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"]) == first
+    assert weighed == [True]
+    w = arrays["w"].copy()
+    w[1, 2, 0] = np.inf
+    assert relayout.choose(k, k.kernel_for, {**arrays, "w": w}, rng, arrays["dx"]) is None
+    assert weighed == [True, False]
+    assert relayout.choose(k, k.kernel_for, arrays, rng, arrays["dx"]) == first
+    assert weighed == [True, False]
+
+
 @pytest.mark.parametrize("expr,why", [
     ("dx[b, c, p] += dy[b, o, pad(p-j)] * w[o, c, j] * v[c]", "three factors under pad 0"),
     ("dx[b, c, p] += dy[b, o, pad(p-j, 4, 4)] * w[o, c, j]", "a pad with bounds of its own"),
