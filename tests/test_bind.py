@@ -24,6 +24,18 @@ def test_the_docstring_example():
     assert b.target == "auto" and b.extrema == {} and b.read == {}
 
 
+def test_where_conditions_do_not_set_the_dtype():
+    """As numpy's np.where (int64, float64, float32 for the first four): the arrays a `where`
+    only compares choose a branch, the branches give the dtype (the argmax helper of a float32 (max) holds integer positions)."""
+    m = np.ones(3, np.float32)
+    assert bound("y[i] := where(m[i] > 0, 1, 0)", m=m).dtype == np.int64
+    assert bound("y[i] := where(m[i] > 0.5, 1, 0)", m=m).dtype == np.int64
+    assert bound("y[i] := where(m[i] > 0, 1.5, 0)", m=m).dtype == np.float64
+    assert bound("y[i] := where(m[i] > 0, m[i], 0)", m=m).dtype == np.float32
+    assert bound("y[i] := (m[i] > 0) * 2", m=m).dtype == np.float32    # a comparison's value
+    assert bound("(min) a := where(m[i] == m[i], i, n)", m=m, n=3).dtype == np.int64
+
+
 def test_matmul_shape_dtype_and_layouts():
     A = np.ones((3, 2), np.float32).T        # (2, 3), Fortran order
     b = bound("C[i,k] := A[i,j] * B[j,k]", Options(target="cpu"), A=A,

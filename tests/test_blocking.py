@@ -556,3 +556,22 @@ def test_short_reductions_are_constants_only_when_all_are():
     want2 = sum(np.einsum("bhvc,co->bhvo", x2[:, i:i + 7, j:j + 9], w2[i, j])
                 for i in range(3) for j in range(3))
     np.testing.assert_allclose(got2, want2, rtol=1e-11, atol=1e-11)
+
+
+POOL = kernel("(max) y[b,c,h,v] := x[b,c,2h+i,2v+j]", ranges={"i": 2, "j": 2})
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_row_read_at_a_stride_keeps_a_plain_range_header(dtype):
+    """A 2x2 max-pool's row update reads x at 2v+j, v innermost: its loop is a plain
+    `range(start, stop)` (counted from 0 it ran 6x slower), the values numpy's, NaN included."""
+    x = rnd(3, 4, 10, 14).astype(dtype)
+    x[1, 2, 3, 5] = np.nan
+    got = POOL(x=x)
+    plan = POOL.plan_for({"x": x}, POOL.ranges(x=x), got.dtype, got.shape)[0]
+    text = codegen.render(plan).text
+    assert plan.form == "row" and plan.loops[-1].index == "v"
+    assert "for v_ in range(" in text and "for _k in range(" not in text, text
+    want = x.reshape(3, 4, 5, 2, 7, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[1, 2, 1, 2]) and np.isnan(got).sum() == 1

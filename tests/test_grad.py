@@ -133,6 +133,23 @@ def test_max_gradient_goes_to_first_maximal_element():
     assert g1.sum() == 300
 
 
+def test_argmax_position_is_exact_past_two_to_the_24_tuples():
+    """The argmax helper holds integer positions (a float32 one rounded positions 19999995,
+    19999996 and 19999997 to one, and the gradient went to three elements); the printed
+    equations, run with tullio(), give the same."""
+    k = kernel("(max) m := x[i,j]")
+    x = np.zeros((5000, 4000), np.float32)
+    x[4999, 3997] = 1                      # position 19999997, odd: float32 cannot hold it
+    g = k.vjp(np.float32(2.0), x=x)["x"]
+    assert g.dtype == np.float32 and g.sum() == 2 and g[4999, 3997] == 2
+    helper, grad = k.gradient_equations["x"]
+    arg = tullio(helper, x=x, m=k(x=x))
+    assert arg.dtype.kind == "i" and arg == 4999 * 4000 + 3997
+    dx = np.zeros_like(x)
+    tullio(grad, dx=dx, dm=np.float32(2.0), m_arg=arg)
+    np.testing.assert_array_equal(dx, g)
+
+
 def test_options_and_errors():
     A, B = rand(3, 3), rand(3, 3)
     assert set(kernel("C[i,k] := A[i,j] * B[j,k]", nograd=("B",)).vjp(np.ones((3, 3)), A=A, B=B)) == {"A"}

@@ -37,8 +37,8 @@ import numpy as np
 
 from . import memo, ranges as ranges_mod, schedule
 from .errors import ArgumentError, RangeError
-from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Const, Equation, Gather, Param,
-                 Unary, walk)
+from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Compare, Const, Equation, Gather,
+                 Param, Unary)
 from .options import NAMES as OPTION_NAMES
 from .signature import array_codes
 
@@ -242,12 +242,37 @@ def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool, tuple]:
     """What the result type depends on, from the statement alone: the arrays read (not index
     arrays), the constants, whether a division or float function makes integers float, and
     what can make the result complex (below)."""
-    read = tuple(dict.fromkeys(a.array for a in eq.accesses()))
-    consts = tuple(n.value for n in walk(eq.rhs) if isinstance(n, Const))
+    nodes = _value_nodes(eq.rhs)
+    read = tuple(dict.fromkeys(n.array for n in nodes if isinstance(n, Access)))
+    consts = tuple(n.value for n in nodes if isinstance(n, Const))
+    params = tuple(dict.fromkeys(n.name for n in nodes if isinstance(n, Param)))
     floaty = eq.finaliser in FLOAT_FUNCS or any(
         (isinstance(n, Binary) and n.op == "/") or (isinstance(n, Call) and n.func in FLOAT_FUNCS)
-        for n in walk(eq.rhs))
-    return read, consts, floaty, _complex_sources(eq.rhs)
+        for n in nodes)
+    return read, consts, params, floaty, _complex_sources(eq.rhs)
+
+
+def _value_nodes(e) -> list:
+    """The nodes of `e` whose values can reach its value: all but those inside the condition of
+    a `where`, which only chooses a branch (numpy: `np.where(x == y, k, n)` of float32 x, y
+    and integers k, n is an integer array).  The argmax helper of a (max) reduction,
+    `(min) m_arg[i] := where(x[i,j] == m[i], j, none)`, so holds its positions as integers,
+    exact past 2**24 tuples where float32 would round two positions to one."""
+    out = []
+
+    def visit(n):
+        out.append(n)
+        if isinstance(n, Call) and n.func == "where":
+            visit(n.args[1])
+            visit(n.args[2])
+            return
+        kids = ((n.operand,) if isinstance(n, Unary) else (n.left, n.right)
+                if isinstance(n, Binary) else n.operands if isinstance(n, Compare)
+                else n.args if isinstance(n, Call) else ())
+        for c in kids:
+            visit(c)
+    visit(e)
+    return out
 
 
 _REAL_VALUED = ("abs", "real", "imag")     # real results of complex arguments, as in numpy
@@ -283,9 +308,9 @@ def result_dtype(eq: Equation, arrays: dict) -> np.dtype:
     """numpy's result_type of the arrays read (not index arrays), with scalars weak; float when
     the right side divides or calls a float function on integers; real when complex values
     reach it only through abs, real, imag (or comparisons)."""
-    read, consts, floaty, (c_arrays, c_params, c_consts) = _dtype_inputs(eq)
+    read, consts, params, floaty, (c_arrays, c_params, c_consts) = _dtype_inputs(eq)
     dts = [arrays[n].dtype for n in read]
-    weak = [_weak(arrays[p]) for p in eq.params] + [_weak(c) for c in consts]
+    weak = [_weak(arrays[p]) for p in params] + [_weak(c) for c in consts]
     if dts:
         dt = np.result_type(*dts, *weak)
     else:

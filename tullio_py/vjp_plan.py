@@ -317,13 +317,12 @@ def gradient_dtype(x, cot, complex_mode: bool) -> np.dtype:
 
 
 def helper_dtype(h: Equation, values: dict) -> np.dtype:
-    """The dtype of a helper statement's array: numpy's result type of the arrays it reads,
-    real where complex values reach it only through abs/real/imag (the argmax helper of
-    `(max) m[i] := abs(z[i,j])`).  `values`: arrays (host or device) and scalars by name."""
-    dtype = np.result_type(*[np.dtype(values[a.array].dtype) for a in h.accesses()])
-    if dtype.kind == "c" and binding.result_dtype(h, values).kind != "c":
-        return np.finfo(dtype).dtype
-    return dtype
+    """The dtype of a helper statement's array: the dtype `tullio()` gives the printed helper
+    (bind.result_dtype), so the printed equations run as the vjp does: real where complex
+    values reach it only through abs/real/imag (the argmax helper of `(max) m[i] :=
+    abs(z[i,j])`), integer positions for an argmax helper (its arrays are read only in the
+    conditions of `where`).  `values`: arrays (host or device) and scalars by name."""
+    return binding.result_dtype(h, values)
 
 
 def reads(d, name) -> bool:

@@ -20,7 +20,7 @@ from .blocked import render_jam
 from .bounds import loop_bounds
 from .emit import Emitter, under
 from .expr import STORE, Expr, better, combine, hoist_table, identity_code, pad_condition
-from .nest import Nest, nonneg_indices
+from .nest import Nest, nonneg_indices, nonunit_indices
 from .source import SUM_FASTMATH, Source
 from .text import pad_line, rename_plan, user_arg
 
@@ -67,7 +67,7 @@ def render_renamed(plan: Plan, shown: Plan, target: str = "cpu") -> Source:
     out = Emitter()
     for v, start, stop in plan.fixed:       # constants the compiler can unroll with
         out.add(f"_start_{v} = {start}\n_stop_{v} = {stop}")
-    nest = Nest(plan, out, x, nonneg_indices(plan, [eq]))
+    nest = Nest(plan, out, x, nonneg_indices(plan, [eq]), nonunit_indices([eq]))
     if plan.scatter:
         _scatter(nest)
     elif plan.form == "row":

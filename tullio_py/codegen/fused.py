@@ -34,7 +34,7 @@ import numpy as np
 from ..schedule import CHUNKS, Fused, Plan, fuse_base, safe_indices
 from .emit import Emitter
 from .expr import Expr, hoist_table
-from .nest import Nest, nonneg_indices
+from .nest import Nest, nonneg_indices, nonunit_indices
 from .source import SUM_FASTMATH, Source
 from .text import pad_line, rename_access, rename_plan, user_arg
 
@@ -103,7 +103,8 @@ def _render(fz: Fused, shown: tuple) -> Source:
     partial = partial_members(fz)
     if partial:     # the parallel loop runs in blocks, each with its own partial sums
         base = replace(base, chunked=next(l.index for l in loops if l.parallel))
-    nest = Nest(base, out, Expr(base), nonneg_indices(base, [p.equation for p in plans]))
+    eqs = [p.equation for p in plans]
+    nest = Nest(base, out, Expr(base), nonneg_indices(base, eqs), nonunit_indices(eqs))
     # One table of hoisted reads: a read shared by two statements is one load.
     hoists = hoist_table((a, level) for _, a, level in fz.reads)
     renders = [Expr(p, hoists=hoists) for p in plans]
