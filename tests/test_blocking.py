@@ -21,6 +21,7 @@ from reference import evaluate  # noqa: E402
 
 from tullio_py import codegen, jit, kernel, schedule, vjp_run  # noqa: E402
 from tullio_py.codegen import blocked  # noqa: E402, F401  (the renderer under test)
+from tullio_py.codegen.nest import nonunit_indices  # noqa: E402
 from tullio_py.parse import parse  # noqa: E402
 from tullio_py.rewrite import lower  # noqa: E402
 
@@ -575,3 +576,6 @@ def test_row_read_at_a_stride_keeps_a_plain_range_header(dtype):
     want = x.reshape(3, 4, 5, 2, 7, 2).max(axis=(3, 5))
     np.testing.assert_array_equal(got, want)
     assert np.isnan(got[1, 2, 1, 2]) and np.isnan(got).sum() == 1
+    # its argmax helper chooses with where: counted from 0 (measured faster there)
+    helper = parse(POOL.gradient_equations["x"][0])
+    assert nonunit_indices([POOL.equation]) == {"h", "v"} and nonunit_indices([helper]) == set()
