@@ -10,7 +10,8 @@ D64, a chain of six statements; against einsum + masked softmax and against scal
 backward (torch autograd; tullio_py's backward is its vjp).
 
 Each thread count runs in a fresh subprocess with OPENBLAS/OMP/NUMBA threads and
-torch.set_num_threads set to it.  Before timing, every competitor's output and gradients are
+torch.set_num_threads set to it, jax's competitors in a second one (XLA's threads in the same
+process slowed torch and tullio_py alike).  Before timing, every competitor's output and gradients are
 checked against a float64 torch reference.  Times: median over interleaved rounds (each round
 runs every competitor once, so background load hits them alike), after warm-up calls that
 compile the kernels.  Writes benchmarks/results/bench_layers[_TAG].json and .png.
@@ -32,8 +33,9 @@ RESULTS = os.path.join(HERE, "results")
 
 
 # ----------------------------------------------------------------------------- workloads
-def workloads(torch, quick: bool):
-    """name -> (make inputs, {competitor: function of the inputs -> output})."""
+def workloads(torch, quick: bool, with_jax: bool = True):
+    """name -> (make inputs, {competitor: function of the inputs -> output}); jax's
+    competitors only `with_jax`."""
     import numpy as np
 
     from tullio_py import kernel
@@ -148,7 +150,8 @@ def workloads(torch, quick: bool):
         return sm(x=a["x"])
     W["softmax"] = (lambda: {"x": rand(4096, 512)},
                     {"torch": lambda a: torch.softmax(a["x"], -1), "tullio_py": sm_tullio})
-    _add_jax(W, n_feat, (B, H, T, D), scale)
+    if with_jax:
+        _add_jax(W, n_feat, (B, H, T, D), scale)
     return W
 
 
@@ -214,18 +217,27 @@ def _jax_calls(layer, inputs, g):
 
 
 # ----------------------------------------------------------------------------- one process
-def run_worker(threads: int, quick: bool, only) -> dict:
+def run_worker(threads: int, quick: bool, only, which: str = "all") -> dict:
+    """Times of the competitors of every workload on `threads` threads: `which` "main" all
+    but jax's, "jax" only jax's (a process of its own: XLA's pool of CPU threads, idle between
+    its calls, kept torch's layer norm at 2.4-3.1 ms instead of 0.6 ms in the same process, and
+    tullio_py's load-aware thread count, which counts it, on one thread for half its calls),
+    "all" every one."""
     import numpy as np
     import torch
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     rounds = 3 if quick else 9
     out = {}
-    for name, (make, comps) in workloads(torch, quick).items():
+    for name, (make, comps) in workloads(torch, quick, which != "main").items():
         if only and name not in only:
             continue
-        ref_in = make()
         ref_fn = comps["torch"] if "torch" in comps else comps[next(iter(comps))]
+        if which == "jax":
+            comps = {c: f for c, f in comps.items() if isinstance(f, JaxLayer)}
+            if not comps:
+                continue
+        ref_in = make()
         ref = _fwd_bwd(ref_fn, ref_in, torch, seed=1)
         inputs = {n: v.float() for n, v in ref_in.items()}
         res = {}
@@ -310,9 +322,10 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--set", default="all", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
-        json.dump(run_worker(args.worker, args.quick, args.only), sys.stdout)
+        json.dump(run_worker(args.worker, args.quick, args.only, args.set), sys.stdout)
         return
     import tullio_py
     report = {"tullio_py": os.path.dirname(tullio_py.__file__), "quick": args.quick,
@@ -323,13 +336,17 @@ def main():
         if n == 1:          # XLA's CPU client: one thread for its Eigen pool and its ops
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
                                 " intra_op_parallelism_threads=1").strip()
-        cmd = [sys.executable, __file__, "--worker", str(n)] + (["--quick"] if args.quick else [])
-        cmd += ["--only", *args.only] if args.only else []
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        sys.stderr.write(done.stderr)
-        if done.returncode:
-            raise SystemExit(done.returncode)
-        report["threads"][str(n)] = json.loads(done.stdout)
+        per = {}
+        for which in ("main", "jax"):       # jax in a process of its own (run_worker)
+            cmd = [sys.executable, __file__, "--worker", str(n), "--set", which]
+            cmd += (["--quick"] if args.quick else []) + (["--only", *args.only] if args.only else [])
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+            sys.stderr.write(done.stderr)
+            if done.returncode:
+                raise SystemExit(done.returncode)
+            for name, comps in json.loads(done.stdout).items():
+                per.setdefault(name, {}).update(comps)
+        report["threads"][str(n)] = per
     report["load_average_end"] = os.getloadavg()
     table(report)
     os.makedirs(RESULTS, exist_ok=True)
