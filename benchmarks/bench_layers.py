@@ -217,12 +217,11 @@ def _jax_calls(layer, inputs, g):
 
 
 # ----------------------------------------------------------------------------- one process
-def run_worker(threads: int, quick: bool, only, which: str = "all") -> dict:
+def run_worker(threads: int, quick: bool, only, which: str = "main") -> dict:
     """Times of the competitors of every workload on `threads` threads: `which` "main" all
     but jax's, "jax" only jax's (a process of its own: XLA's pool of CPU threads, idle between
     its calls, kept torch's layer norm at 2.4-3.1 ms instead of 0.6 ms in the same process, and
-    tullio_py's load-aware thread count, which counts it, on one thread for half its calls),
-    "all" every one."""
+    tullio_py's load-aware thread count, which counts it, on one thread for half its calls)."""
     import numpy as np
     import torch
     torch.set_num_threads(threads)
@@ -322,7 +321,7 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--set", default="all", help=argparse.SUPPRESS)
+    ap.add_argument("--set", choices=("main", "jax"), default="main", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
         json.dump(run_worker(args.worker, args.quick, args.only, args.set), sys.stdout)

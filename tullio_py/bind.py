@@ -38,7 +38,7 @@ import numpy as np
 from . import memo, ranges as ranges_mod, schedule
 from .errors import ArgumentError, RangeError
 from .ir import (FLOAT_FUNCS, Access, Affine, Binary, Call, Compare, Const, Equation, Gather,
-                 Param, Unary)
+                 Param, value_children, walk)
 from .options import NAMES as OPTION_NAMES
 from .signature import array_codes
 
@@ -238,11 +238,15 @@ def needs_fill(eq: Equation) -> bool:
 
 
 @memo.lru(maxsize=1024)
-def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool, tuple]:
+def _dtype_inputs(eq: Equation) -> tuple:
     """What the result type depends on, from the statement alone: the arrays read (not index
-    arrays), the constants, whether a division or float function makes integers float, and
+    arrays), the constants and parameters, whether a division or float function makes integers float, and
     what can make the result complex (below)."""
-    nodes = _value_nodes(eq.rhs)
+    # (nodes inside the condition of a `where` only choose a branch: numpy's `np.where(x == y,
+    # k, n)` of float32 x, y and integers k, n is an integer array, and the argmax helper of a
+    # (max), `(min) m_arg[i] := where(x[i,j] == m[i], j, none)`, so holds its positions as
+    # integers, exact past 2**24 tuples where float32 would round two positions to one)
+    nodes = list(walk(eq.rhs, value_children))
     read = tuple(dict.fromkeys(n.array for n in nodes if isinstance(n, Access)))
     consts = tuple(n.value for n in nodes if isinstance(n, Const))
     params = tuple(dict.fromkeys(n.name for n in nodes if isinstance(n, Param)))
@@ -252,29 +256,6 @@ def _dtype_inputs(eq: Equation) -> tuple[tuple[str, ...], tuple, bool, tuple]:
     return read, consts, params, floaty, _complex_sources(eq.rhs)
 
 
-def _value_nodes(e) -> list:
-    """The nodes of `e` whose values can reach its value: all but those inside the condition of
-    a `where`, which only chooses a branch (numpy: `np.where(x == y, k, n)` of float32 x, y
-    and integers k, n is an integer array).  The argmax helper of a (max) reduction,
-    `(min) m_arg[i] := where(x[i,j] == m[i], j, none)`, so holds its positions as integers,
-    exact past 2**24 tuples where float32 would round two positions to one."""
-    out = []
-
-    def visit(n):
-        out.append(n)
-        if isinstance(n, Call) and n.func == "where":
-            visit(n.args[1])
-            visit(n.args[2])
-            return
-        kids = ((n.operand,) if isinstance(n, Unary) else (n.left, n.right)
-                if isinstance(n, Binary) else n.operands if isinstance(n, Compare)
-                else n.args if isinstance(n, Call) else ())
-        for c in kids:
-            visit(c)
-    visit(e)
-    return out
-
-
 _REAL_VALUED = ("abs", "real", "imag")     # real results of complex arguments, as in numpy
 
 
@@ -282,26 +263,13 @@ def _complex_sources(e) -> tuple:
     """(array names, parameter names, constants) whose values reach the right side's value
     other than through abs/real/imag or a comparison: only these can make the result
     complex (`abs(z[i])` of a complex z is real)."""
-    arrays, params, consts = {}, {}, []
-
-    def visit(n):
-        if isinstance(n, Access):
-            arrays[n.array] = None
-        elif isinstance(n, Param):
-            params[n.name] = None
-        elif isinstance(n, Const):
-            consts.append(n.value)
-        elif isinstance(n, Call) and n.func in _REAL_VALUED:
-            return
-        elif isinstance(n, Call) and n.func == "where":
-            visit(n.args[1])
-            visit(n.args[2])
-        elif isinstance(n, (Binary, Unary, Call)):
-            for c in ((n.left, n.right) if isinstance(n, Binary) else
-                      (n.operand,) if isinstance(n, Unary) else n.args):
-                visit(c)
-    visit(e)
-    return tuple(arrays), tuple(params), tuple(consts)
+    def kids(n):        # not into abs/real/imag or a comparison, nor a where's condition
+        real = isinstance(n, Compare) or isinstance(n, Call) and n.func in _REAL_VALUED
+        return () if real else value_children(n)
+    nodes = list(walk(e, kids))
+    return (tuple(dict.fromkeys(n.array for n in nodes if isinstance(n, Access))),
+            tuple(dict.fromkeys(n.name for n in nodes if isinstance(n, Param))),
+            tuple(n.value for n in nodes if isinstance(n, Const)))
 
 
 def result_dtype(eq: Equation, arrays: dict) -> np.dtype:

@@ -251,20 +251,33 @@ def _wrap(e, min_prec: int) -> str:
     return f"({s})" if _prec(e) < min_prec else s
 
 
-def walk(e):
-    """Every node of an expression tree, parents before children."""
-    yield e
+def children(e) -> tuple:
+    """The direct sub-expressions of node e (none for a leaf: an Access, a Param, a Const)."""
     if isinstance(e, Unary):
-        yield from walk(e.operand)
-    elif isinstance(e, Binary):
-        yield from walk(e.left)
-        yield from walk(e.right)
-    elif isinstance(e, Compare):
-        for x in e.operands:
-            yield from walk(x)
-    elif isinstance(e, Call):
-        for x in e.args:
-            yield from walk(x)
+        return (e.operand,)
+    if isinstance(e, Binary):
+        return (e.left, e.right)
+    if isinstance(e, Compare):
+        return e.operands
+    if isinstance(e, Call):
+        return e.args
+    return ()
+
+
+def value_children(e) -> tuple:
+    """The sub-expressions of e whose values can become e's value: all of them, but a
+    `where`'s two branches only (its condition only chooses between them)."""
+    if isinstance(e, Call) and e.func == "where":
+        return e.args[1:]
+    return children(e)
+
+
+def walk(e, kids=children):
+    """Every node of an expression tree, parents before children; `kids(node)`: the children
+    to descend into (`value_children`: not into the conditions of `where`)."""
+    yield e
+    for x in kids(e):
+        yield from walk(x, kids)
 
 
 def map_expr(e, f):
