@@ -29,10 +29,13 @@ SHAPE = (300, 40)       # one shape: the kernels compiled for it serve every tes
 @pytest.fixture(autouse=True, scope="module")
 def small_blocks():
     """Blocks of rows of 16 kB: several blocks, so several tasks, at these sizes."""
-    saved = chain_mod.BLOCK_BYTES, chain_grad.BLOCK_BYTES
-    chain_mod.BLOCK_BYTES = chain_grad.BLOCK_BYTES = 1 << 14
+    names = ("BLOCK_BYTES", "SUMS_BLOCK_BYTES")
+    saved = [(m, n, getattr(m, n)) for m in (chain_mod, chain_grad) for n in names]
+    for m, n, _ in saved:
+        setattr(m, n, 1 << 14)
     yield
-    chain_mod.BLOCK_BYTES, chain_grad.BLOCK_BYTES = saved
+    for m, n, v in saved:
+        setattr(m, n, v)
 
 
 def data(shape=SHAPE, dtype=np.float64, seed=0):

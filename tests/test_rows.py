@@ -54,6 +54,57 @@ def test_block_rows():
     assert block_rows(5, 8) == 5 and block_rows(100, 1 << 30) == 1 and block_rows(0, 8) == 1
 
 
+@pytest.mark.parametrize("rows", [1, 3, 16, 255])
+@pytest.mark.parametrize("shape,dtype", [((4096,), np.float32), ((9, 3), np.float64),
+                                         ((9, 5), np.complex64), ((9, 16), np.float32)])
+def test_each_threads_slot_of_a_local_buffer_is_whole_cache_lines(rows, shape, dtype):
+    """A block-local buffer (vjp_rows.local_buffers): a slot per thread of at least a block's
+    rows, starting on a cache line and taking whole lines, so two threads never write one."""
+    from types import SimpleNamespace
+
+    from tullio_py import memory, vjp_rows
+    from tullio_py.codegen.rows import local_arg
+    like = np.empty(shape, dtype)
+    f = SimpleNamespace(consts=(("_rows", rows),), local=("t",))
+    for empty in (np.empty, memory.empty):
+        (buf,) = vjp_rows.local_buffers(f, {"t": like}, empty).values()
+        assert list(vjp_rows.local_buffers(f, {"t": like}, empty)) == [local_arg("t")]
+        assert buf.shape[0] == jit.max_threads() and buf.shape[2:] == shape[1:]
+        assert buf.dtype == dtype and buf.flags.c_contiguous
+        assert rows <= buf.shape[1] < rows + memory.ALIGN
+        assert buf.__array_interface__["data"][0] % memory.ALIGN == 0
+        assert buf.strides[0] % memory.ALIGN == 0
+        want = rows
+        while want * buf.strides[1] % memory.ALIGN:
+            want += 1
+        assert buf.shape[1] == want         # the fewest rows that make whole lines
+
+
+def test_column_sum_groups_keep_their_own_block_size(monkeypatch):
+    """A row group with column sums takes blocks of SUMS_BLOCK_BYTES (each block adds a
+    partial array), the others blocks of BLOCK_BYTES."""
+    from tullio_py import chain as chain_mod, chain_grad
+    monkeypatch.setattr(chain_grad, "BLOCK_BYTES", 1 << 11)
+    monkeypatch.setattr(chain_grad, "SUMS_BLOCK_BYTES", 1 << 14)
+    args, dy = _ln_data("c", np.float64)
+    k = chain_mod.Chain(LN, kernel(LN).options)
+    k.vjp(dy, **args)
+    (step,) = k.gradient_plan.steps
+    assert step.rows.partial == ("dg", "dbb")
+    per_row = dict(step.rows.consts)["_rows"]
+    monkeypatch.setattr(chain_grad, "SUMS_BLOCK_BYTES", 1 << 11)
+    k2 = chain_mod.Chain(LN, kernel(LN).options)
+    k2.vjp(dy, **args)
+    assert dict(k2.gradient_plan.steps[0].rows.consts)["_rows"] * 4 <= per_row
+    sm = chain_mod.Chain("; ".join(SOFTMAX), kernel("; ".join(SOFTMAX), nograd=("m",)).options)
+    x = np.random.default_rng(3).standard_normal((53, 19))
+    sm.vjp(x, x=x)
+    (step,) = [s for s in sm.gradient_plan.steps if s.rows]
+    assert not step.rows.partial
+    row = 4 * 19 * 8 + 2 * 8            # a row of dy, e, de and dx, an element of z and dz
+    assert dict(step.rows.consts)["_rows"] == block_rows(53, row, 1 << 11) == (1 << 11) // row
+
+
 # ----------------------------------------------------------------------------- gradients
 # The argmax helper of a (max) and the gradient reading it; with a second input, a helper
 # and a fused nest of two gradients (codegen/fused.py) as the group's members.
@@ -210,6 +261,7 @@ LN = ("mu[i] := x[i,j] * inv_n; var[i] := (x[i,j] - mu[i])**2 * inv_n; "
 def _ln_chain(monkeypatch, rows=True, partial_bytes=None):
     from tullio_py import chain as chain_mod, chain_grad, vjp_rows
     monkeypatch.setattr(chain_grad, "BLOCK_BYTES", 1 << 12)      # several blocks, small sizes
+    monkeypatch.setattr(chain_grad, "SUMS_BLOCK_BYTES", 1 << 12)
     monkeypatch.setattr(chain_grad, "ROWS", rows)
     if partial_bytes is not None:
         monkeypatch.setattr(vjp_rows, "PARTIAL_BYTES", partial_bytes)
@@ -276,6 +328,7 @@ def test_chains_with_column_sums(text, dtype, monkeypatch):
     and 2 threads."""
     from tullio_py import chain as chain_mod, chain_grad
     monkeypatch.setattr(chain_grad, "BLOCK_BYTES", 1 << 11)
+    monkeypatch.setattr(chain_grad, "SUMS_BLOCK_BYTES", 1 << 11)
     r = np.random.default_rng(13)
     shape = (37, 11, 5) if "k]" in text else (37, 11)
 
