@@ -34,14 +34,6 @@ def test_empty_is_numpys_array_on_a_cache_line(shape, dtype):
     assert memory.empty(5000, np.float32).shape == (5000,)
 
 
-@pytest.mark.parametrize("shape", [(), (3,), (2, 3), (5000,), BIG])
-def test_empty_lines_starts_a_cache_line_at_any_size(shape):
-    a = memory.empty_lines(shape, np.float32)
-    assert a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous
-    assert a.flags.writeable and address(a) % memory.ALIGN == 0
-    assert memory.whole(a)              # scratch.Pool takes it back
-
-
 def test_whole_is_only_a_whole_array():
     a = memory.empty(BIG, np.float64)
     assert memory.whole(a) and memory.whole(np.empty(BIG))

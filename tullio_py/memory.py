@@ -79,15 +79,6 @@ def empty(shape, dtype) -> np.ndarray:
     return _aligned(raw, n, shape, dtype)
 
 
-def empty_lines(shape, dtype) -> np.ndarray:
-    """`empty`, starting at a multiple of ALIGN bytes whatever its size (threads' slots of a
-    small buffer, each whole cache lines: vjp_rows.local_buffers)."""
-    shape, dtype, n = _size(shape, dtype)
-    if n >= SMALL:
-        return empty(shape, dtype)
-    return _aligned(_registered(np.empty(n + ALIGN, np.uint8)), n, shape, dtype)
-
-
 def zeros(shape, dtype) -> np.ndarray:
     """`empty`, filled with zeros.  Of RECYCLE bytes and more: zeroed by calloc and not kept
     (a kept buffer is zeroed on the calling thread alone; calloc's pages, where fresh, are

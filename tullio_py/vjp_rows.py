@@ -19,7 +19,6 @@ one row group with the column sums, 2.07-2.16 and 1.42-1.45 ms.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
@@ -215,30 +214,26 @@ def partial_buffers(f: Rows, like: dict, zeros) -> dict:
 
 def local_buffers(f: Rows, like: dict, empty) -> dict:
     """{argument: buffer} for the block-local arrays of row group `f`: (threads, rows of a
-    block, the array's other dimensions) from `empty(shape, dtype)`; `like`: name -> an
-    array (or stand-in) of the array's shape and dtype."""
+    block and a few more (`slot_rows`), the array's other dimensions) from `empty(shape,
+    dtype)`; `like`: name -> an array (or stand-in) of the array's shape and dtype."""
     rows = dict(f.consts)["_rows"]
     slots = jit.max_threads()
-    out = {}
-    for n in f.local:
-        shape = (slots, slot_rows(rows, like[n]), *like[n].shape[1:])
-        a = empty(shape, like[n].dtype)
-        # (each slot whole cache lines only where the buffer starts one: `empty` aligns
-        # buffers of memory.SMALL bytes and more)
-        out[rows_mod.local_arg(n)] = a if a.ctypes.data % memory.ALIGN == 0 else \
-            memory.empty_lines(shape, like[n].dtype)
-    return out
+    return {rows_mod.local_arg(n): empty((slots, slot_rows(rows, like[n]), *like[n].shape[1:]),
+                                         like[n].dtype)
+            for n in f.local}
 
 
 def slot_rows(rows: int, like) -> int:
-    """Rows of one thread's slot of a block-local buffer: at least `rows`, as many as make the
-    slot whole cache lines (memory.ALIGN bytes), so that two threads never write one line.
-    Blocks of 3 rows of layer norm's mu and var (4 bytes a row) put both threads' slots in
-    one line: its forward's kernel (4096x512 float32, 2 threads; three runs of 60 interleaved
-    calls) took 0.28-0.60 ms so, 0.23-0.38 ms with lines of their own, and 0.24-0.41 ms in
-    blocks of 255 rows."""
+    """Rows of one thread's slot of a block-local buffer: a block's `rows`, and where a row is
+    shorter than a cache line (memory.ALIGN bytes), as many unused rows after them as fill a
+    line, so that the rows two threads write are a line apart wherever the buffer starts.
+    Blocks of 3 rows of layer norm's mu and var (4 bytes a row) otherwise put both threads'
+    rows in one line: its forward's kernel (4096x512 float32, 2 threads; six runs of 60
+    interleaved calls) took 0.28-0.65 ms so, 0.23-0.38 ms with lines of their own, and
+    0.24-0.41 ms in blocks of 255 rows.  (Longer rows share at most the one line where two
+    slots meet.)"""
     row = max(like.dtype.itemsize, 1)
     for d in like.shape[1:]:
         row *= d
-    line = memory.ALIGN // math.gcd(memory.ALIGN, row) if row else 1   # rows in whole lines
-    return -(-max(rows, 1) // line) * line
+    rows = max(rows, 1)
+    return rows if row == 0 or row >= memory.ALIGN else rows - (-memory.ALIGN // row)
