@@ -328,7 +328,8 @@ def main():
         return
     import tullio_py
     report = {"tullio_py": os.path.dirname(tullio_py.__file__), "quick": args.quick,
-              "load_average_start": os.getloadavg(), "threads": {}}
+              "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "only": args.only, "load_average_start": os.getloadavg(), "threads": {}}
     for n in args.threads:
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n),
                    MKL_NUM_THREADS=str(n), NUMBA_NUM_THREADS=str(n))

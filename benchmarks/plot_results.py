@@ -10,9 +10,14 @@ Reads what the benchmark scripts wrote and draws, where the data is present:
 - gradient / forward: the time of each family's gradient over its forward (workload pairs
   named "... fwd" and "... grad");
 - compile latency: first call cold (empty cache) and warm (disk cache), import times
-  (from the JSON of bench_latency.py).
+  (from the JSON of bench_latency.py);
+- everyday layers: tullio_py's time over the fastest competitor's, forward and
+  forward+backward, per thread count (from bench_layers.py's reports: the latest full run).
 Files are recognised by content, not name: a "times_s" key marks the suite's results, keys
-with "first call" mark the latency results.
+with "first call" mark the latency results, a "threads" key of {layer: {competitor: times}}
+marks a bench_layers report.  Of several layer reports the one shown ran every layer (no
+--only) and was written last (its "written" time; reports without one count as older, then
+by file time and name).
 """
 from __future__ import annotations
 
@@ -51,9 +56,43 @@ def load(results_dir: str | Path = RESULTS) -> dict:
             out["suite"] = data
         elif any("first call" in k for k in data):
             out["latency"] = data
+        elif _is_layers(data):
+            key = (not data.get("only"), len(next(iter(data["threads"].values()), {})),
+                   str(data.get("written", "")), p.stat().st_mtime, p.name)
+            if "layers" in out and out["_layers_key"] >= key:
+                continue
+            if "layers" in out:
+                out["files"].remove(out["_layers_file"])
+            out["layers"], out["_layers_key"], out["_layers_file"] = data, key, p.name
         else:
             continue
         out["files"].append(p.name)
+    out.pop("_layers_key", None)
+    out.pop("_layers_file", None)
+    return out
+
+
+def _is_layers(data: dict) -> bool:
+    """Whether `data` is a bench_layers.py report: {"threads": {n: {layer: {competitor:
+    {"fwd": ms, "fwd_bwd": ms}}}}} with tullio_py among the competitors."""
+    per = data.get("threads")
+    if not isinstance(per, dict) or not per:
+        return False
+    return all(isinstance(v, dict) and v and all(
+        isinstance(c, dict) and "tullio_py" in c and all(
+            isinstance(r, dict) and "fwd" in r and "fwd_bwd" in r for r in c.values())
+        for c in v.values()) for v in per.values())
+
+
+def layer_ratios(report: dict) -> dict:
+    """{mode: {threads: {layer: tullio_py's time / the fastest competitor's}}} for modes
+    "fwd" and "fwd_bwd" of a bench_layers report (below 1: tullio_py faster)."""
+    out: dict = {"fwd": {}, "fwd_bwd": {}}
+    for n, per in report["threads"].items():
+        for mode in out:
+            out[mode][n] = {w: comps["tullio_py"][mode] / min(
+                r[mode] for c, r in comps.items() if c != "tullio_py")
+                for w, comps in per.items() if len(comps) > 1}
     return out
 
 
@@ -183,6 +222,29 @@ def figures(data: dict) -> list:
                   "ratio (torch's gradient entry includes its forward)", 1.0)
             fig.tight_layout()
             figs.append(("gradient_forward", fig))
+    layers = data.get("layers")
+    if layers:
+        r = layer_ratios(layers)
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        for ax, (mode, title) in zip(axes, (("fwd", "forward"), ("fwd_bwd", "forward+backward"))):
+            per = r[mode]
+            names = list(dict.fromkeys(w for v in per.values() for w in v))
+            width = 0.8 / max(len(per), 1)
+            for k, (n, row) in enumerate(per.items()):
+                ax.bar([i + k * width for i, w in enumerate(names) if w in row],
+                       [row[w] for w in names if w in row], width,
+                       label=f"{n} thread{'s' if n != '1' else ''}")
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_yscale("log")
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
+            ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+            ax.set_title(f"{title}: tullio_py / fastest competitor (below 1: tullio_py faster)",
+                         fontsize=9)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"Everyday layers (bench_layers.py, {layers.get('written', 'undated')})",
+                     fontsize=10)
+        fig.tight_layout()
+        figs.append(("layers", fig))
     lat = data.get("latency")
     if lat and latency(lat):
         la = latency(lat)

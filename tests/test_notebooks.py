@@ -140,6 +140,43 @@ def test_plot_results_ratios_from_synthetic_json(tmp_path):
         "plot_time_ratios.png"]
 
 
+def _layers(written, only=None, tullio=2.0):
+    per = {"conv1d": {"torch": {"fwd": 1.0, "fwd_bwd": 4.0}, "jax": {"fwd": 0.5, "fwd_bwd": 8.0},
+                      "tullio_py": {"fwd": tullio, "fwd_bwd": 6.0}},
+           "softmax": {"torch": {"fwd": 1.0, "fwd_bwd": 2.0},
+                       "tullio_py": {"fwd": 0.5, "fwd_bwd": 3.0}}}
+    if only:
+        per = {w: per[w] for w in only}
+    return {"tullio_py": "/x", "quick": False, "written": written, "only": only,
+            "threads": {"1": per, "2": per}}
+
+
+def test_plot_results_layers_the_latest_full_run(tmp_path):
+    """bench_layers reports: tullio_py's time over the fastest competitor's per layer, mode
+    and thread count; of several reports the full run written last is shown."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    matplotlib.use("Agg")
+    pr = _plot_results()
+    (tmp_path / "bench_layers_a.json").write_text(json.dumps(_layers("2026-12-01T10:00:00Z")))
+    (tmp_path / "bench_layers_b.json").write_text(
+        json.dumps(_layers("2026-12-03T10:00:00Z", tullio=4.0)))
+    (tmp_path / "bench_layers_c.json").write_text(     # newer, but only one layer
+        json.dumps(_layers("2026-12-04T10:00:00Z", only=["softmax"], tullio=9.0)))
+    old = _layers("", tullio=8.0)
+    del old["written"], old["only"]                     # a report from before either field
+    (tmp_path / "bench_layers_z.json").write_text(json.dumps(old))
+    data = pr.load(tmp_path)
+    assert data["files"] == ["bench_layers_b.json"]
+    r = pr.layer_ratios(data["layers"])
+    assert r["fwd"]["1"] == pytest.approx({"conv1d": 8.0, "softmax": 0.5})
+    assert r["fwd_bwd"]["2"] == pytest.approx({"conv1d": 1.5, "softmax": 1.5})
+    assert [n for n, _ in pr.figures(data)] == ["layers"]
+    out = tmp_path / "png"
+    assert pr.main(["--results", str(tmp_path), "--out", str(out)]) == 0
+    assert [p.name for p in out.glob("*.png")] == ["plot_layers.png"]
+
+
 def test_plot_results_without_results_says_how_to_produce_them(tmp_path, capsys):
     pr = _plot_results()
     assert pr.load(tmp_path / "missing") == {"files": []}
