@@ -1,5 +1,6 @@
 """gemm_rate.py: a gemm's rate measured on SHAPES (the arithmetic on a fake clock), stored as the
-best measured so far in memory and in the cache directory; and the torch frontend's choice of
+best measured so far in memory and in the cache directory, measured again while no quiet
+measurement is stored; and the torch frontend's choice of
 BLAS at one thread following the measured rates, with the same numbers either way."""
 import numpy as np
 import pytest
@@ -38,6 +39,7 @@ def test_rate_is_stored_and_only_raised(fresh, monkeypatch):
     without measuring; `refresh` measures again and keeps the larger."""
     got = iter([5.0, 3.0, 7.0, 2.0])
     calls = []
+    monkeypatch.setattr(gemm_rate, "quiet", lambda threads=1: True)
     monkeypatch.setattr(gemm_rate, "measure", lambda g: calls.append(g) or next(got))
     assert gemm_rate.rate("fake", None) == 5.0
     gemm_rate._RATES.clear()
@@ -47,6 +49,38 @@ def test_rate_is_stored_and_only_raised(fresh, monkeypatch):
     gemm_rate._RATES.clear()
     assert gemm_rate.rate("fake", None) == 7.0 and len(calls) == 3
     assert gemm_rate.rate("other", None) == 2.0 and len(calls) == 4     # its own measurement
+
+
+def test_a_rate_measured_under_load_is_measured_again(fresh, monkeypatch):
+    """A measurement taken while other threads were runnable is used, stored as provisional,
+    and measured again by each new process (memory cleared), the larger kept, until one
+    measurement found the machine quiet; from then on it is read back."""
+    got = iter([5.0, 150.0, 120.0, 170.0])
+    # readings of quiet(): before and after the first measurement, before the second (busy:
+    # no reading after it), before and after the third
+    calm = iter([True, False, False, True, True])
+    calls = []
+    monkeypatch.setattr(gemm_rate, "quiet", lambda threads=1: next(calm))
+    monkeypatch.setattr(gemm_rate, "measure", lambda g: calls.append(g) or next(got))
+    assert gemm_rate.rate("t", None, threads=2) == 5.0         # busy after: provisional
+    gemm_rate._RATES.clear()
+    assert gemm_rate.rate("t", None, threads=2) == 150.0       # busy before: provisional
+    gemm_rate._RATES.clear()
+    assert gemm_rate.rate("t", None, threads=2) == 150.0       # 120 measured, quiet
+    assert len(calls) == 3
+    gemm_rate._RATES.clear()
+    assert gemm_rate.rate("t", None, threads=2) == 150.0 and len(calls) == 3
+
+
+@pytest.mark.parametrize("threads,running,want", [
+    (1, 1, True), (1, 2, True), (1, 3, False), (2, 2, True), (2, 3, False), (2, 1, True)])
+def test_quiet_counts_the_other_runnable_threads(threads, running, want, monkeypatch):
+    """On 2 CPUs: the caller and its pool's threads - 1 workers are not others; a measurement
+    on `threads` threads is quiet when the others leave it that many CPUs."""
+    from tullio_py import cpu_load
+    monkeypatch.setattr(cpu_load.machine, "cpus", 2)
+    assert gemm_rate.quiet(threads, f"0.50 0.40 0.30 {running}/300 4242") is want
+    assert gemm_rate.quiet(threads, "unreadable") is True
 
 
 def test_torch_blas_and_slowdown_follow_the_rates(monkeypatch):

@@ -16,7 +16,13 @@ machine, and cost one measurement (about 20 ms) per machine and thread count, no
 
 The stored rate is the best measured so far (a measurement on a loaded machine comes out low,
 and `refresh=True` can only raise it), keyed by the provider's name and the CPU's model name,
-so a cache directory carried to another machine measures again.
+so a cache directory carried to another machine measures again.  A measurement taken while
+other threads were runnable (cpu_load.py's count, read before and after it) is stored as
+provisional: each new process measures again, keeping the larger, until one measurement
+found the machine quiet.  A first measurement of torch's gemm on 2 threads taken while a
+test suite ran beside it stored 5 GFLOP/s (a quiet one: 172); the cost model then priced
+torch's gemm 20x too slow and a conv2d NCHW weight gradient ran as loops, its forward and
+backward 76 ms instead of 12 ms in every later process.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import time
 
 import numpy as np
 
-from . import blas_threads, cache, memo
+from . import blas_threads, cache, cpu_load, memo
 
 # (m, k, n) of the measured products: conv1d's per-batch im2col gemm (64 outputs, 64 x 5
 # taps, 256 positions) and a weight gradient's (64 x 8320 x 64).
@@ -89,19 +95,42 @@ def numpy_gemm(a, b, out):
         np.matmul(a, b, out=out)
 
 
-def rate(name: str, gemm, refresh: bool = False) -> float:
-    """The best measured flop/s of `gemm` (named `name`), from memory, else the cache
-    directory, else measured now and stored."""
-    key = ("gemm rate", name, _cpu(), 1)
+def rate(name: str, gemm, refresh: bool = False, threads: int = 1) -> float:
+    """The best measured flop/s of `gemm` (named `name`, running on `threads` threads), from
+    memory, else the cache directory where a quiet measurement is stored, else measured now
+    (the larger of it and a provisional stored one) and stored."""
+    key = ("gemm rate", name, _cpu(), 2)      # (2: stored as (flop/s, quiet))
     got = _RATES.get(key)
     if got is not None and not refresh:
         return got
     stored = cache.load_pickle(key)
-    if stored is None or refresh:
+    if not (isinstance(stored, tuple) and len(stored) == 2):
+        stored = None
+    if stored is None or refresh or not stored[1]:
+        calm = quiet(threads)
         new = measure(gemm)
-        got = new if stored is None else max(stored, new)
-        cache.store_pickle(key, got)
+        calm = calm and quiet(threads)
+        got = new if stored is None else max(stored[0], new)
+        cache.store_pickle(key, (got, calm or (stored is not None and stored[1])))
     else:
-        got = stored
+        got = stored[0]
     _RATES[key] = got
     return got
+
+
+def quiet(threads: int = 1, text: str | None = None) -> bool:
+    """Whether a measurement on `threads` threads has its CPUs to itself now: the runnable
+    threads of the machine (/proc/loadavg, or `text` in its format), less the caller and the
+    threads - 1 workers of its own pool, leave `threads` CPUs free.  True where the count
+    cannot be read (nothing better is known)."""
+    if text is None:
+        try:
+            with open(cpu_load.PATH) as f:
+                text = f.read(128)
+        except OSError:
+            return True
+    running = cpu_load.parse_running(text)
+    if running is None:
+        return True
+    others = running - 1 - (threads - 1)
+    return others <= cpu_load.machine.cpus - threads

@@ -197,7 +197,7 @@ def gemm_rates(threads: int) -> tuple:
         from .. import gemm_rate
         got = _TORCH_BLAS[threads] = (
             gemm_rate.rate(f"torch {torch.__version__} on {threads} threads",
-                           lambda a, b, out: torch_gemm(a, b, out, 1.0, 0)),
+                           lambda a, b, out: torch_gemm(a, b, out, 1.0, 0), threads=threads),
             gemm_rate.rate("numpy", gemm_rate.numpy_gemm))
     return got
 
