@@ -11,8 +11,8 @@ backward (torch autograd; tullio_py's backward is its vjp).
 
 Each thread count runs in a fresh subprocess with OPENBLAS/OMP/NUMBA threads and
 torch.set_num_threads set to it, jax's competitors in a second one (XLA's threads in the same
-process slowed torch and tullio_py alike).  Before timing, every competitor's output and gradients are
-checked against a float64 torch reference.  Times: median over interleaved rounds (each round
+process slowed torch and tullio_py alike).  Before timing, every competitor's output and
+gradients are checked against a float64 torch reference.  Times: median over interleaved rounds (each round
 runs every competitor once, so background load hits them alike), after warm-up calls that
 compile the kernels.  Writes benchmarks/results/bench_layers[_TAG].json and .png.
 
@@ -339,7 +339,8 @@ def main():
         per = {}
         for which in ("main", "jax"):       # jax in a process of its own (run_worker)
             cmd = [sys.executable, __file__, "--worker", str(n), "--set", which]
-            cmd += (["--quick"] if args.quick else []) + (["--only", *args.only] if args.only else [])
+            cmd += ["--quick"] if args.quick else []
+            cmd += ["--only", *args.only] if args.only else []
             done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             sys.stderr.write(done.stderr)
             if done.returncode:
@@ -371,26 +372,12 @@ def table(report):
 
 
 def plot(report, path):
+    """The report's figure (plot_results.layers_figure, the one the benchmarks notebook shows)
+    saved to `path`."""
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    names = list(next(iter(report["threads"].values())))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-    for ax, mode in zip(axes, ("fwd", "fwd_bwd")):
-        width = 0.8 / len(report["threads"])
-        for k, (n, per) in enumerate(report["threads"].items()):
-            ratios = [per[w]["tullio_py"][mode] / min(r[mode] for c, r in per[w].items()
-                                                      if c != "tullio_py") for w in names]
-            ax.bar([i + k * width for i in range(len(names))], ratios, width,
-                   label=f"{n} thread{'s' if n != '1' else ''}")
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
-        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
-        ax.set_title(f"{mode}: tullio_py time / best competitor time (below 1: tullio_py faster)")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from plot_results import layers_figure      # (beside this script)
+    layers_figure(report).savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -39,12 +39,13 @@ FAMILIES = ("tullio_py", "numpy", "torch", "numba", "jax")
 
 
 def load(results_dir: str | Path = RESULTS) -> dict:
-    """{"suite": ..., "latency": ..., "files": [...]} for the JSON files found (keys absent
-    when no file of that kind exists)."""
+    """{"suite": ..., "latency": ..., "layers": ..., "files": [...]} for the JSON files found
+    (keys absent when no file of that kind exists; of the layers reports, the one shown)."""
     out: dict = {"files": []}
     d = Path(results_dir)
     if not d.is_dir():
         return out
+    layers = None           # (its key, the report) of the layers report shown
     for p in sorted(d.glob("*.json"), key=lambda p: p.stat().st_mtime):   # newest last wins
         try:
             data = json.loads(p.read_text())
@@ -56,19 +57,17 @@ def load(results_dir: str | Path = RESULTS) -> dict:
             out["suite"] = data
         elif any("first call" in k for k in data):
             out["latency"] = data
-        elif _is_layers(data):
-            key = (not data.get("only"), len(next(iter(data["threads"].values()), {})),
-                   str(data.get("written", "")), p.stat().st_mtime, p.name)
-            if "layers" in out and out["_layers_key"] >= key:
-                continue
-            if "layers" in out:
-                out["files"].remove(out["_layers_file"])
-            out["layers"], out["_layers_key"], out["_layers_file"] = data, key, p.name
         else:
+            if _is_layers(data):
+                key = (not data.get("only"), len(next(iter(data["threads"].values()), {})),
+                       str(data.get("written", "")), p.stat().st_mtime, p.name)
+                if layers is None or key > layers[0]:
+                    layers = (key, data)
             continue
         out["files"].append(p.name)
-    out.pop("_layers_key", None)
-    out.pop("_layers_file", None)
+    if layers is not None:
+        out["layers"] = layers[1]
+        out["files"].append(layers[0][-1])
     return out
 
 
@@ -222,29 +221,8 @@ def figures(data: dict) -> list:
                   "ratio (torch's gradient entry includes its forward)", 1.0)
             fig.tight_layout()
             figs.append(("gradient_forward", fig))
-    layers = data.get("layers")
-    if layers:
-        r = layer_ratios(layers)
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-        for ax, (mode, title) in zip(axes, (("fwd", "forward"), ("fwd_bwd", "forward+backward"))):
-            per = r[mode]
-            names = list(dict.fromkeys(w for v in per.values() for w in v))
-            width = 0.8 / max(len(per), 1)
-            for k, (n, row) in enumerate(per.items()):
-                ax.bar([i + k * width for i, w in enumerate(names) if w in row],
-                       [row[w] for w in names if w in row], width,
-                       label=f"{n} thread{'s' if n != '1' else ''}")
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.set_yscale("log")
-            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
-            ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
-            ax.set_title(f"{title}: tullio_py / fastest competitor (below 1: tullio_py faster)",
-                         fontsize=9)
-            ax.legend(fontsize=8)
-        fig.suptitle(f"Everyday layers (bench_layers.py, {layers.get('written', 'undated')})",
-                     fontsize=10)
-        fig.tight_layout()
-        figs.append(("layers", fig))
+    if data.get("layers"):
+        figs.append(("layers", layers_figure(data["layers"])))
     lat = data.get("latency")
     if lat and latency(lat):
         la = latency(lat)
@@ -254,6 +232,33 @@ def figures(data: dict) -> list:
         fig.tight_layout()
         figs.append(("latency", fig))
     return figs
+
+
+def layers_figure(report: dict):
+    """The figure of a bench_layers report: layer_ratios as bars per thread count, forward and
+    forward+backward side by side, log scale (bench_layers.py saves the same figure)."""
+    import matplotlib.pyplot as plt
+    r = layer_ratios(report)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, (mode, title) in zip(axes, (("fwd", "forward"), ("fwd_bwd", "forward+backward"))):
+        per = r[mode]
+        names = list(dict.fromkeys(w for v in per.values() for w in v))
+        width = 0.8 / max(len(per), 1)
+        for k, (n, row) in enumerate(per.items()):
+            ax.bar([i + k * width for i, w in enumerate(names) if w in row],
+                   [row[w] for w in names if w in row], width,
+                   label=f"{n} thread{'s' if n != '1' else ''}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
+        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+        ax.set_title(f"{title}: tullio_py / fastest competitor (below 1: tullio_py faster)",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Everyday layers (bench_layers.py, {report.get('written', 'undated')})",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def table(suite: dict) -> str:

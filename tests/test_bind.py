@@ -26,8 +26,14 @@ def test_the_docstring_example():
 
 def test_where_conditions_do_not_set_the_dtype():
     """As numpy's np.where (int64, float64, float32 for the first four): the arrays a `where`
-    only compares choose a branch, the branches give the dtype (the argmax helper of a float32 (max) holds integer positions)."""
+    only compares choose a branch, the branches give the dtype (the argmax helper of a float32
+    (max) holds integer positions)."""
     m = np.ones(3, np.float32)
+    for text, want in [("where(m[i] > 0, 1, 0)", np.where(m > 0, 1, 0)),    # numpy itself
+                       ("where(m[i] > 0.5, 1, 0)", np.where(m > 0.5, 1, 0)),
+                       ("where(m[i] > 0, 1.5, 0)", np.where(m > 0, 1.5, 0)),
+                       ("where(m[i] > 0, m[i], 0)", np.where(m > 0, m, 0))]:
+        assert bound(f"y[i] := {text}", m=m).dtype == want.dtype, text
     assert bound("y[i] := where(m[i] > 0, 1, 0)", m=m).dtype == np.int64
     assert bound("y[i] := where(m[i] > 0.5, 1, 0)", m=m).dtype == np.int64
     assert bound("y[i] := where(m[i] > 0, 1.5, 0)", m=m).dtype == np.float64

@@ -240,8 +240,8 @@ def needs_fill(eq: Equation) -> bool:
 @memo.lru(maxsize=1024)
 def _dtype_inputs(eq: Equation) -> tuple:
     """What the result type depends on, from the statement alone: the arrays read (not index
-    arrays), the constants and parameters, whether a division or float function makes integers float, and
-    what can make the result complex (below)."""
+    arrays), the constants and parameters, whether a division or float function makes
+    integers float, and what can make the result complex (below)."""
     # (nodes inside the condition of a `where` only choose a branch: numpy's `np.where(x == y,
     # k, n)` of float32 x, y and integers k, n is an integer array, and the argmax helper of a
     # (max), `(min) m_arg[i] := where(x[i,j] == m[i], j, none)`, so holds its positions as

@@ -123,13 +123,8 @@ def quiet(threads: int = 1, text: str | None = None) -> bool:
     threads of the machine (/proc/loadavg, or `text` in its format), less the caller and the
     threads - 1 workers of its own pool, leave `threads` CPUs free.  True where the count
     cannot be read (nothing better is known)."""
-    if text is None:
-        try:
-            with open(cpu_load.PATH) as f:
-                text = f.read(128)
-        except OSError:
-            return True
-    running = cpu_load.parse_running(text)
+    running = (cpu_load.Load(interval=0).read() if text is None   # (a reading of now)
+               else cpu_load.parse_running(text))
     if running is None:
         return True
     others = running - 1 - (threads - 1)
