@@ -37,11 +37,11 @@ import sys
 import numpy as np
 
 from . import bind as binding, chain_grad, chain_text, factory, jit, memo, memory, schedule, scratch
-from . import vjp_rows
+from . import step_args, vjp_rows
 from . import tape as _tape
 from .errors import ArgumentError, GradientError
 from .options import Options
-from .vjp_plan import Statement, Step, absent, arrays_of, frozen_ranges, standin
+from .vjp_plan import Statement, Step, absent, frozen_ranges, standin
 
 # Consecutive statements sharing a row index run as one pass over blocks of rows (forward),
 # each block's rows of the arrays they touch about BLOCK_BYTES: within a core's L1 cache, so
@@ -150,39 +150,35 @@ class Chain:
         if not host or self.gathers or _tape.current() is not None:
             self.last_groups = tuple((k,) for k in range(len(self.spec.parts)))
             return self.one_by_one(ns)
-        steps, statements, fills, local_steps = self.plan(ns)
-        if local and temps is not None:
-            steps = local_steps
+        steps, fills, sources = self.plan(ns, local and temps is not None)
         threads = schedule.thread_count(self.options.threads, jit.max_threads())
-        for step in steps:
+        for step, src in zip(steps, sources):
             if step.rows is None:
                 k = step.members[0]
                 ns[self.spec.defined[k]] = self.kernels[k](
                     **{n: ns[n] for n in self.spec.parts[k].reads})
                 continue
             f = step.rows
-            named = dict(f.consts)
-            for k, name in zip(step.members, f.outputs):
-                s, (shape, dtype, fill) = statements[k], fills[k]
-                named.update(arrays_of(s, _scalars(ns, self.spec.scalars), {}, run=True))
-                if s.output in f.local:
-                    ns[s.output] = absent(shape, dtype)
+            _scalars(ns, self.spec.scalars)
+            for k in step.members:
+                (shape, dtype, fill), name = fills[k], self.spec.defined[k]
+                if name in f.local:
+                    ns[name] = absent(shape, dtype)
                     continue
-                if temps is None or s.output == self.spec.result:
+                if temps is None or name == self.spec.result:
                     out = memory.empty(shape, dtype)
                 else:
                     out = scratch.pool.empty(shape, dtype)
                     temps.append(out)
                 if fill:
                     out.fill(self.options.pad)
-                ns[s.output] = out
-                named[name] = out.reshape(1) if out.ndim == 0 else out
+                ns[name] = out
             # (no column sums here: those add with `+=`, and a chain's statements are `:=`)
+            bufs = {}
             if f.local:
                 bufs = vjp_rows.local_buffers(f, ns, scratch.pool.empty)
                 temps += bufs.values()
-                named.update(bufs)
-            jit.call(self._grad.fused_function(f), [named[a] for a in f.source.args],
+            jit.call(self._grad.fused_function(f), step_args.fill(src, ns, {}, bufs),
                      f.source.parallel, threads)
         self.last_groups = tuple(s.members for s in steps)
         return ns
@@ -192,15 +188,19 @@ class Chain:
             ns[p.equation.output] = self.kernels[k](**{n: ns[n] for n in p.reads})
         return ns
 
-    def plan(self, arrays: dict):
-        """(steps, vjp_plan.Statement per statement, (shape, dtype, fill) per statement, the
-        steps with block-local temporaries) of a forward with these inputs: "rows" steps for
-        the row groups, one step per other statement.  Checks every statement's arrays as its
-        own call would."""
+    def plan(self, arrays: dict, local: bool = False):
+        """(steps, (shape, dtype, fill) per statement, step_args sources per step: None for a
+        statement run by its own kernel) of a forward with these inputs: "rows" steps for the
+        row groups, one step per other statement; `local`: temporaries that only one row
+        group reads, written whole, live in blocks of rows (callers that read only the
+        result).  Checks every statement's arrays as its own call would."""
         key = chain_grad.signature(arrays)
         hit = self._plans.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._plans[key] = self._plan(arrays)
+        return hit[local]
+
+    def _plan(self, arrays: dict) -> tuple:
         values = _scalars(dict(arrays), self.spec.scalars)
         spec = self.spec
         statements, steps, fills = [], [], []
@@ -221,8 +221,13 @@ class Chain:
         local = tuple(vjp_rows.localized(st, vjp_rows.block_local(st, statements, [
             spec.defined[k] for k in st.members if spec.defined[k] != spec.result
             and not fills[k][2] and fills[k][0]])) if st.rows else st for st in steps)
-        hit = self._plans[key] = (steps, tuple(statements), tuple(fills), local)
-        return hit
+
+        def sources(st):
+            return st.rows and step_args.plan(st.rows, statements, st.members,
+                                              skip=st.rows.local)
+        fills = tuple(fills)
+        return ((steps, fills, tuple(map(sources, steps))),
+                (local, fills, tuple(map(sources, local))))
 
     # ------------------------------------------------------------------ gradients
     def vjp(self, cotangent, /, **arrays) -> dict:

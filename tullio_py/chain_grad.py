@@ -236,22 +236,24 @@ class ChainGradient:
         if cot.shape != np.shape(result):
             raise GradientError(f"the cotangent has shape {cot.shape}, but the chain's result "
                                 f"{chain.spec.result} has shape {np.shape(result)}", chain.text)
-        need = self.needs(arrays)
-        if wanted is not None:
-            need = self._only(need, set(wanted))
-        key = (signature(arrays), cot.dtype.str, cot.shape, cot.strides, frozenset(need))
+        # (what flows, and so the plan, follows from the signature and the inputs wanted)
+        key = (signature(arrays), cot.dtype.str, cot.shape, cot.strides,
+               None if wanted is None else tuple(sorted(wanted)))
         hit = None if chain.gathers else self._plans.get(key)
         if hit is None:
+            need = self.needs(arrays)
+            if wanted is not None:
+                need = self._only(need, set(wanted))
             hit = self.plan(ns, cot, arrays, need)
+            # the cotangents of temporaries and helpers' arrays reach no caller: scratch
+            inputs = set(chain.spec.inputs)
+            hit += (need, frozenset(a.name for a in hit[0].arrays if a.input not in inputs))
             if not chain.gathers:
                 self._plans[key] = hit
-        p, kernels, ranges, params, entries, shapes = hit
+        p, kernels, ranges, params, entries, shapes, need, temporary = hit
         run_ns = dict(ns)
         run_ns[p.cotangent] = cot[()] if cot.ndim == 0 else cot
         record: dict = {}
-        # the cotangents of temporaries and helpers' arrays reach no caller: scratch memory
-        inputs = set(chain.spec.inputs)
-        temporary = frozenset(a.name for a in p.arrays if a.input not in inputs)
         host = vjp_run.Host(kernels, ranges, params, record, self.fused_function,
                             chain.options.threads, scratch.pool, temporary)
         got = vjp_run.run(p, host, run_ns)
