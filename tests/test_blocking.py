@@ -579,3 +579,36 @@ def test_row_read_at_a_stride_keeps_a_plain_range_header(dtype):
     # its argmax helper chooses with where: counted from 0 (measured faster there)
     helper = parse(POOL.gradient_equations["x"][0])
     assert nonunit_indices([POOL.equation]) == {"h", "v"} and nonunit_indices([helper]) == set()
+
+
+# A convolution's weight gradient with the channel in the lanes (relayout's short-row scratch):
+# the left indices i and j (3 each) outside the split, jammed index o.
+DW_LANES = "dW[i,j,o,c] := dy[b,o,p,q] * x[b,p+i,q+j,c]"
+
+
+@pytest.mark.parametrize("sizes,order,jam", [
+    (dict(i=3, j=3, o=20, c=19, b=2, p=5, q=6), ("i", "j", "o"), ("o", schedule.JAM, 16)),
+    # 81 iterations outside the split exceed JAM_OUTER: o moves outermost, j is jammed
+    (dict(i=9, j=9, o=20, c=19, b=2, p=5, q=6), ("o", "i", "j"), ("j", schedule.JAM, 16)),
+])
+def test_jammed_split_loop_stays_inside_short_left_loops(sizes, order, jam):
+    plan = _plan(DW_LANES, sizes)
+    assert tuple(l.index for l in plan.loops[:3]) == order, plan
+    assert [l.index for l in plan.loops if l.parallel] == ["o"], plan
+    assert plan.jam == jam, plan
+    assert _plan(DW_LANES, sizes) == plan
+
+
+@pytest.mark.parametrize("threads", [True, 1], ids=["threads", "1 thread"])
+def test_jammed_split_loop_inside_equals_numpy_and_plain(threads):
+    """Blocks of o in parallel inside the loops over i and j (a parallel region per (i, j)):
+    numpy's numbers and the plain row form's, with o and c leaving remainders of the jam
+    factor and of the lanes, x strided."""
+    dy = rnd(2, 21, 5, 6, seed=4)
+    x = _strided(rnd(2, 7, 8, 19, seed=5))
+    got, plan, plain = _run(kernel(DW_LANES, blas=False, threads=threads), dict(dy=dy, x=x))
+    assert plan.jam == ("o", schedule.JAM, 16) and plan.loops[2].index == "o", plan
+    want = np.einsum("bopq,bpqijc->ijoc", dy, np.lib.stride_tricks.sliding_window_view(
+        x, (5, 6), axis=(1, 2))[:, :3, :3].transpose(0, 4, 5, 1, 2, 3))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, plain, rtol=1e-12, atol=1e-12)

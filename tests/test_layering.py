@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parent.parent / "tullio_py"
 # factory.py, where kernel.py registers itself, or through the Kernel object they are given.
 STAGE = {
     "version": -1, "factory": -1, "memory": -1, "signature": -0.5, "errors": 0, "cache": 0, "cpu_load": 0, "scratch": 0, "tbb_lib": 0, "openmp_lib": 0, "vecmath": 0, "memo": 0, "overlap": 0,
-    "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "guards": 2.9, "split": 2.95, "schedule": 3, "summation": 2,
+    "ir": 1, "options": 1, "dtypes": 2, "parse": 2, "ranges": 2, "rewrite": 2, "guards": 2.9, "split": 2.95, "jam": 2.97, "schedule": 3, "summation": 2,
     "bind": 3.5, "grad_sympy": 3.5, "grad": 4, "grad_print": 4.2, "tangent": 4.5, "blas": 4, "blas_shift_cost": 4.2, "blas_threads": 4.2, "gemm_rate": 4.22, "blas_shift_gather": 4.25, "blas_shift_run": 4.3, "blas_shift_pad": 4.4, "blas_shift": 4.5,
     "codegen.text": 4.5, "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7,
     "codegen.expr": 4.7, "codegen.nest": 4.8, "codegen.blocked": 4.9, "codegen.cpu": 5, "codegen.cuda": 5.5,

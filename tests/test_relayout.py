@@ -469,3 +469,89 @@ def test_scratch_is_weighed_against_blas_in_place_of_the_padded_copy():
     with jit.thread_budget(1, 0):
         got = relayout.choose(k, k.kernel_for, args, k.ranges(**args), dx)
     assert got is not None and got[0]["dx"] == relayout.Output((0, 2, 3, 1))
+
+
+# ----------------------------------------------------------------------------- short rows
+NCHW_DW = "dW[o,c,i,j] := dy[b,o,p,q] * x[b,c,p+i,q+j]"
+CONV1D_DW = "dw[o,c,j] := dy[b,o,i] * x[b,c,i+j]"
+
+
+def _dw_want(expr, dy, x):
+    dy, x = dy.astype(np.float64), x.astype(np.float64)
+    if expr == NCHW_DW:
+        K = x.shape[2] - dy.shape[2] + 1
+        sw = np.lib.stride_tricks.sliding_window_view(x, dy.shape[2:], axis=(2, 3))[:, :, :K, :K]
+        return np.einsum("bopq,bcijpq->ocij", dy, sw)
+    K = x.shape[2] - dy.shape[2] + 1
+    sw = np.lib.stride_tricks.sliding_window_view(x, dy.shape[2], axis=2)[:, :, :K]
+    return np.einsum("boi,bcji->ocj", dy, sw)
+
+
+@pytest.mark.parametrize("expr,shapes,order", [
+    (NCHW_DW, ((3, 23, 9, 10), (3, 60, 11, 12)), {"x": (0, 2, 3, 1)}),
+    (CONV1D_DW, ((4, 23, 40), (4, 60, 44)), {"x": (0, 2, 1)}),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_short_row_scratch_equals_numpy_and_the_plain_loops(expr, shapes, order, dtype,
+                                                            monkeypatch):
+    """A weight gradient whose last index (the kernel's width) is too short for the lanes
+    runs on a scratch output with the input channels there (c: 60 values, o: 23, leaving
+    remainders of the tiles and of the jam factor), reading x copied with c last and dy as it is: numpy's numbers,
+    the same bits call after call and as the moved statement run by hand, the plain loops'
+    numbers to rounding; BLAS off (a kernel with BLAS weighs it, below)."""
+    dy, x = rnd(*shapes[0], seed=1, dtype=dtype), rnd(*shapes[1], seed=2, dtype=dtype)
+    k = kernel(expr, blas=False)
+    out = np.zeros(_dw_want(expr, dy, x).shape, dtype)
+    args = {"dy": dy, "x": x}
+    order_got, moved, _ = relayout.choose(k, k.kernel_for, args, k.ranges(**args), out)
+    c = len(out.shape) - 1
+    assert {n: v for n, v in order_got.items() if n != k.equation.output} == \
+        {n: relayout.Copy(a, (), 0) for n, a in order.items()}
+    assert order_got[k.equation.output] == relayout.Output(
+        tuple(d for d in range(c + 1) if d != 1) + (1,))
+    assert "on a scratch of d" in k.explain(**args).detail
+    got = k(**args)
+    assert np.array_equal(got, k(**args))
+    scratch = tullio(str(moved), **relayout.copies(args, order_got))
+    assert np.array_equal(got, np.moveaxis(scratch, -1, 1))
+    tol = 2e-4 if dtype == np.float32 else 1e-11
+    want = _dw_want(expr, dy, x)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    monkeypatch.setattr(relayout, "SCRATCH_ROW", 1 << 20)     # (a key of the choice)
+    plain = kernel(expr, blas=False)
+    assert "scratch" not in plain.explain(**args).detail
+    np.testing.assert_allclose(got, plain(**args), rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_short_row_scratch_refusals():
+    """Not where the statement's own loops already block (conv2d NHWC's dW, o last and long),
+    nor where no left index has SCRATCH_ROW values (16 channels each side)."""
+    dy, x = rnd(2, 9, 10, 40), rnd(2, 11, 12, 33, seed=1)
+    k = kernel("dW[i,j,c,o] := dy[b,p,q,o] * x[b,p+i,q+j,c]", blas=False)
+    out = np.zeros((3, 3, 33, 40), np.float32)
+    assert relayout.choose(k, k.kernel_for, {"dy": dy, "x": x}, k.ranges(dy=dy, x=x), out) \
+        is None
+    dy, x = rnd(3, 16, 9, 10), rnd(3, 16, 11, 12, seed=1)
+    k = kernel(NCHW_DW, blas=False)
+    out = np.zeros((16, 16, 3, 3), np.float32)
+    assert relayout.choose(k, k.kernel_for, {"dy": dy, "x": x}, k.ranges(dy=dy, x=x), out) \
+        is None
+
+
+def test_conv_gradient_on_short_row_scratch_equals_printed_and_gradcheck():
+    """conv2d NCHW's vjp (dW on the short-row scratch, dx on the padded copy's): the printed
+    gradient run alone reproduces it bit for bit, and torch's gradcheck passes in float64."""
+    torch = pytest.importorskip("torch")
+    x, w = rnd(2, 60, 11, 12, seed=3, dtype=np.float64), rnd(23, 60, 3, 3, seed=4,
+                                                            dtype=np.float64)
+    k = kernel("y[b,o,p,q] := x[b,c,p+i,q+j] * w[o,c,i,j]")
+    y = k(x=x, w=w)
+    dy = rnd(*y.shape, seed=5, dtype=np.float64)
+    g = k.vjp(dy, x=x, w=w)
+    assert "a scratch of dw" in k.gradient_code
+    p = run_printed(k, dy, dict(x=x, w=w), y)
+    assert np.array_equal(g["w"], p["w"]) and np.array_equal(g["x"], p["x"])
+    np.testing.assert_allclose(g["w"], _dw_want(NCHW_DW, dy, x), rtol=1e-11, atol=1e-10)
+    xt = torch.tensor(x[:1, :, :7, :6], requires_grad=True)
+    wt = torch.tensor(w, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: k(x=a, w=b), (xt, wt))

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from reference import evaluate  # noqa: E402
 
-from tullio_py import blas, kernel, schedule  # noqa: E402
+from tullio_py import blas, jam, kernel, schedule  # noqa: E402
 from tullio_py.parse import parse  # noqa: E402
 
 
@@ -277,7 +277,7 @@ def test_gradient_threaded_equals_serial():
     ("C[i,k] -= 2.0 * A[i,j] * B[j,k]", "-="),
 ])
 def test_blocked_reduction_matches_numpy(expr, assign, monkeypatch):
-    monkeypatch.setattr(schedule, "JAM_LANES", ())     # no register blocking (test_blocking.py)
+    monkeypatch.setattr(jam, "JAM_LANES", ())     # no register blocking (test_blocking.py)
     rng = np.random.default_rng(7)
     A, B = rng.standard_normal((40, 600)), rng.standard_normal((600, 300))
     C0 = rng.standard_normal((40, 300))

@@ -20,6 +20,8 @@ import numpy as np
 from .guards import (Guard, Linear, compare_guards, factor_reads, find_guards, index_only,  # noqa: F401
                      is_scatter, linear, mask_guards, top_factors)
 from .ir import Affine, Binary, Equation, Wrapped
+from . import jam
+from .jam import JAM, JAM_LANES, JAM_OUTER, JAM_WIDE, jam_choice, jam_last, tile_waste  # noqa: F401
 from .split import SHORT, split_choice, triangular  # noqa: F401
 
 # Below this many (iterations x body cost) a kernel runs on one thread: starting threads costs
@@ -37,9 +39,6 @@ SHORT_LOOP = 32  # an innermost loop this short gets constant bounds in large ke
 LANES = 8        # independent accumulators of a (max)/(min) over a contiguous loop (a float
                  # sum is reassociated instead, codegen/cpu.py, which the compiler vectorises
                  # better: a row sum of 32x512 float32, 0.6 us against 1.8 us with 8 lanes)
-JAM = 4          # output rows a register-blocked row form computes at once (Plan.jam)
-JAM_LANES = (32, 16)   # elements of the contiguous index per accumulator tile (the first that fits)
-JAM_WIDE = 8     # the same with 512-bit vectors (32 registers): 8 rows of 2 vectors each
 PACK_BLOCKS = 4  # Plan.pack: with at least this many blocks of the jammed index
 
 
@@ -192,7 +191,7 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # The contiguous index is a left index: run it innermost, each reduction step updating
         # a whole row of the output (or of a small accumulator), reductions outside it.
         form, row = "row", best
-        order = jam_last(eq, [n for n in left if n != best], best, ranges) + red + [best]
+        order = jam.jam_last(eq, [n for n in left if n != best], best, ranges) + red + [best]
     else:
         if best in red:
             red.remove(best)
@@ -227,12 +226,16 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
                     # nest block, split that one (LocallyConnected2d's relaid dW[c1,i,j,c2,s,t],
                     # c1 of 8 fused with i: 2.8 -> 7.0 ms one-thread vjp unblocked).
                     alone, _ = split_choice(order, cands, ranges, tri, guarded_idx, fuse=False)
-                    if jam_choice(eq, tuple(Loop(n, n == alone, n not in eq.lhs_indices)
+                    if jam.jam_choice(eq, tuple(Loop(n, n == alone, n not in eq.lhs_indices)
                                             for n in [alone] + [x for x in order if x != alone]),
                                   ranges, guards, out_dtype, vector_bytes):
                         parallel, second = alone, None
-                order.remove(parallel)
-                order.insert(0, parallel)
+                if not (form == "row" and second is None and jam.in_place(
+                        eq, order, len(left) - 1, parallel, ranges, guards, out_dtype,
+                        vector_bytes, tuple(Loop(n, n == parallel, n not in eq.lhs_indices)
+                                            for n in order))):
+                    order.remove(parallel)
+                    order.insert(0, parallel)
                 if second is not None:
                     order.remove(second)
                     order.insert(1, second)
@@ -266,11 +269,11 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # extent, large kernels only).  Row-form loops got slower with it (0.9 -> 1.9 ms).
         fixed = ((inner, ranges[inner].start, ranges[inner].stop),)
         lanes = 0
-    block, jam = (), ()
+    block, jammed = (), ()
     if form == "row" and threads is not False and not chunked and not collapse:
-        jam = jam_choice(eq, loops, ranges, guards, out_dtype, vector_bytes)
-        block = () if jam else _reduction_block(eq, order, ranges, sizes or {})
-    if jam:
+        jammed = jam.jam_choice(eq, loops, ranges, guards, out_dtype, vector_bytes)
+        block = () if jammed else _reduction_block(eq, order, ranges, sizes or {})
+    if jammed:
         # A tile's short extents as constants (the jammed index, the loops inside the tile,
         # the row; each at most SHORT_LOOP): the compiler drops the tile loops' bookkeeping,
         # which a short sum does not outweigh.  Local convolution dW[p,q,i,j,c1,c2] (c1 8, b 16
@@ -281,14 +284,14 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
         # spills them: that forward at 32x64x260 float32, 47-70 -> 105-109 GFLOP/s one
         # thread, 71-74 -> 181-208 two (AMD Zen 4, AVX-512).
         short = all(len(ranges[n]) <= SHORT_LOOP for n in red)
-        fixed = tuple((n, ranges[n].start, ranges[n].stop) for n in order[order.index(jam[0]):]
+        fixed = tuple((n, ranges[n].start, ranges[n].stop) for n in order[order.index(jammed[0]):]
                       if len(ranges[n]) <= SHORT_LOOP and (short or n not in red))
     return Plan(eq, loops, tuple(guards), frozenset(guarded), scatter, out_dtype, pad_value,
                 fastmath, form=form, chunked=chunked, partial=partial, collapse=collapse,
-                lanes=lanes, fixed=fixed, block=block, jam=jam,
+                lanes=lanes, fixed=fixed, block=block, jam=jammed,
                 hoists=hoisted_reads(eq, loops),
-                wide=vector_bytes >= 64 and (bool(jam) or _vector_math(eq, kind)),
-                pack=bool(jam) and len(ranges[jam[0]]) >= PACK_BLOCKS * jam[1])
+                wide=vector_bytes >= 64 and (bool(jammed) or _vector_math(eq, kind)),
+                pack=bool(jammed) and len(ranges[jammed[0]]) >= PACK_BLOCKS * jammed[1])
 
 
 # Functions the CPU kernels compute with vecmath.py's straight-line code (codegen.expr.VECTOR).
@@ -302,77 +305,6 @@ def _vector_math(eq: Equation, kind: str) -> bool:
     from .ir import Call, walk
     return kind == "f" and any(isinstance(n, Call) and n.func in VECTOR_MATH
                                for n in walk(eq.rhs))
-
-
-def jam_choice(eq: Equation, loops: tuple, ranges: dict, guards, out_dtype: str,
-               vector_bytes: int = 32) -> tuple:
-    """Register blocking of a row-form sum (codegen/blocked.py): the left loop just outside
-    the reductions is unrolled by JAM and jammed into the row loop, and each (JAM x lanes)
-    tile of the output is summed in a local accumulator tile across the whole reduction, then
-    stored once.  A streamed read that does not depend on the jammed index (B[j,k] of a matmul,
-    the input x of a local convolution) is then loaded once for JAM sums instead of once per
-    output row, and the output is not re-read and re-written at every reduction step.
-
-    Rule: a `+` reduction assigned or accumulated (`:=`, `=`, `+=`, `-=`) without reading its
-    own output, a jammed index with at least JAM values and a row of at least 16 (lanes 32,
-    else 16), no guard on either index.  512 float32 matmul with blas=False, one thread:
-    10.2 -> 3.2 ms (numpy 1.5 ms).  Where every read of the row also depends on the jammed
-    index (a depthwise convolution y[b,c,i] := x[b,c,i+j] * w[c,j]: nothing is loaded once
-    for several sums) the tile still keeps each sum in registers across the reduction, where
-    the plain row form loads and stores the output row at every reduction step: that
-    statement at 32x64x256 float32, width 5, 2 threads, 1.13 -> 0.17 ms.
-
-    With 512-bit vectors (Plan.wide) the tile is JAM_WIDE rows (JAM when fewer) of two
-    vectors (32 float32, 16 float64) or one: 16 accumulators of the 32 registers, loaded
-    with 8 broadcasts and 2 loads per step.  512 float32 matmul, one thread, CPU time:
-    3.4 -> 1.8 ms, numpy 1.6 ms (4x32 in 512-bit: 3.0 ms, 8 accumulators are too few to
-    hide the latency; 12x32 spills)."""
-    left = [k for k, l in enumerate(loops[:-1]) if not l.reduction]
-    kind = np.dtype(out_dtype).kind
-    if (not left or eq.reducer != "+" or eq.assign == "*=" or kind not in "fciu"
-            or any(a.array == eq.output for a in eq.accesses())):
-        return ()
-    v, r = loops[left[-1]].index, loops[-1].index
-    if left[-1] != len(left) - 1 or len(ranges[v]) < JAM:
-        return ()
-    factor, options = JAM, JAM_LANES
-    if vector_bytes >= 64:          # JAM_LANES counts float32: the same bytes of the dtype
-        factor = JAM_WIDE if len(ranges[v]) >= JAM_WIDE else JAM
-        options = tuple(n * 4 // np.dtype(out_dtype).itemsize for n in JAM_LANES)
-    lanes = next((n for n in options if len(ranges[r]) >= n), 0)
-    if not lanes or any({v, r} & set(g.expr.names) for g in guards):
-        return ()
-    return (v, factor, lanes)
-
-
-def tile_waste(plan: Plan, ranges: dict) -> float:
-    """A blocked plan's work over the statement's (>= 1; 1.0 unblocked): last tiles overlap
-    (codegen/blocked.py), so a row of 34 in tiles of 32 sums 64 elements: 1.88."""
-    out = 1.0
-    for n, size in ((plan.jam[0], plan.jam[1]), (plan.loops[-1].index, plan.jam[2])) \
-            if plan.jam else ():
-        out *= -(-max(len(ranges[n]), 1) // size) * size / max(len(ranges[n]), 1)
-    return out
-
-
-def jam_last(eq: Equation, left: list, row: str, ranges: dict) -> list:
-    """The left indices of a row-form nest (outer to inner, the row excluded), the one to be
-    jammed (jam_choice: the last) chosen so that the fewest reads along the row depend on it:
-    a read of the row that the jammed index selects is loaded once per jammed value (`factor`
-    vector loads per reduction step), one it does not select once for all of them.  Ties keep
-    the given order.  conv2d NCHW y[b,o,h,v] := x[b,c,h+i,v+j] * w[o,c,i,j]: h (x depends on
-    it: 8 vector loads and one broadcast of w per step) gives way to o (one vector load of x
-    and 8 broadcasts of w)."""
-    rows = [{n for s in a.indices for n in s.names} for a in factor_reads(eq.rhs)]
-    rows = [names for names in rows if row in names]
-
-    def selected(n):            # the row's reads that n selects
-        return sum(n in names for names in rows)
-    fit = [n for n in left if len(ranges[n]) >= JAM]
-    best = min(reversed(fit), key=selected, default=None)
-    if best is None or (left[-1] in fit and selected(best) == selected(left[-1])):
-        return left
-    return [n for n in left if n != best] + [best]
 
 
 def hoisted_reads(eq: Equation, loops: tuple) -> tuple:
