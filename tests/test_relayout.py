@@ -487,11 +487,10 @@ def _dw_want(expr, dy, x):
     return np.einsum("boi,bcji->ocj", dy, sw)
 
 
-@pytest.mark.parametrize("expr,shapes,order", [
-    (NCHW_DW, ((3, 23, 9, 10), (3, 60, 11, 12)), {"x": (0, 2, 3, 1)}),
-    (CONV1D_DW, ((4, 23, 40), (4, 60, 44)), {"x": (0, 2, 1)}),
+@pytest.mark.parametrize("expr,shapes,order,dtype", [   # (each case compiles 4 kernels)
+    (NCHW_DW, ((3, 23, 9, 10), (3, 60, 11, 12)), {"x": (0, 2, 3, 1)}, np.float32),
+    (CONV1D_DW, ((4, 23, 40), (4, 60, 44)), {"x": (0, 2, 1)}, np.float64),
 ])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_short_row_scratch_equals_numpy_and_the_plain_loops(expr, shapes, order, dtype,
                                                             monkeypatch):
     """A weight gradient whose last index (the kernel's width) is too short for the lanes
