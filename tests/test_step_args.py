@@ -123,15 +123,17 @@ def test_chain_forward_fills_the_long_way_list(local):
     np.testing.assert_allclose(ns[ch.result], want, rtol=2e-5, atol=2e-5)
 
 
-def test_a_relaid_member_has_no_plan():
+def test_a_relaid_member_is_refused():
+    """(vjp_plan.choose and vjp_rows.row_groups run such a statement on its own kernel.)"""
     class F:
         consts, outputs = (("_rows", 4),), ("out",)
         source = type("Src", (), {"args": ("_rows", "a", "out")})()
 
     class S:
         equation = type("E", (), {"arrays": ("a",), "params": ()})()
-        output, relayout, consts = "y", (("a", (1, 0)),), ()
-    assert step_args.plan(F, [S], (0,)) is None
+        output, relayout, consts, text = "y", (("a", (1, 0)),), (), "y[i] := a[i]"
+    with pytest.raises(ValueError, match="relaid"):
+        step_args.plan(F, [S], (0,))
     S.relayout = ()
     assert step_args.plan(F, [S], (0,)) == ((step_args.CONST, 4), (step_args.NS, "a"),
                                             (step_args.OUT, "y"))

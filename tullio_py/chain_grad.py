@@ -247,15 +247,16 @@ class ChainGradient:
             hit = self.plan(ns, cot, arrays, need)
             # the cotangents of temporaries and helpers' arrays reach no caller: scratch
             inputs = set(chain.spec.inputs)
-            hit += (need, frozenset(a.name for a in hit[0].arrays if a.input not in inputs))
+            hit += (need, frozenset(a.name for a in hit[0].arrays if a.input not in inputs),
+                    vjp_run.step_sources(hit[0], hit[3]))
             if not chain.gathers:
                 self._plans[key] = hit
-        p, kernels, ranges, params, entries, shapes, need, temporary = hit
+        p, kernels, ranges, params, entries, shapes, need, temporary, sources = hit
         run_ns = dict(ns)
         run_ns[p.cotangent] = cot[()] if cot.ndim == 0 else cot
         record: dict = {}
         host = vjp_run.Host(kernels, ranges, params, record, self.fused_function,
-                            chain.options.threads, scratch.pool, temporary)
+                            chain.options.threads, scratch.pool, temporary, sources=sources)
         got = vjp_run.run(p, host, run_ns)
         self.last_plan, self._last = p, (entries, shapes)
         out = {}

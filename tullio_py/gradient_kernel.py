@@ -156,16 +156,17 @@ class Gradient:
             if k.options.fuse:
                 p = vjp_rows.group(p, self.kernel_for, ns, params)
             hit = (p, tuple(self.kernel_for(s.equation) for s in p.statements),
-                   tuple(vjp_plan.as_ranges(s.ranges) for s in p.statements))
+                   tuple(vjp_plan.as_ranges(s.ranges) for s in p.statements),
+                   vjp_run.step_sources(p, params))
             if st.gathers:
                 self._plans[sig.with_ranges(rng)] = hit
             else:
                 self._states[sig] = (st, hit)
-        p, kernels, ranges = hit
+        p, kernels, ranges, sources = hit
         self._last_plan = p
         record = {}
         result = vjp_run.run(p, vjp_run.Host(kernels, ranges, params, record, self.fused_function,
-                                             k.threads), ns)
+                                             k.threads, sources=sources), ns)
         for name in result:
             x, dx = scalars.get(name, collected[name]), result[name]
             if x.dtype.kind != "c" and dx.dtype.kind == "c":

@@ -120,10 +120,14 @@ def axes(eq: Equation, rng: dict, arrays: dict) -> dict:
             return {}           # read along r in two different axes
     out = {n: o for n, o in out.items()
            if o != tuple(range(len(o))) or not arrays[n].flags.c_contiguous}
-    if not out or sum(arrays[n].size for n in out) > \
-            COPY_SHARE * math.prod(map(len, rng.values())):
+    if not out or not _small_copies(arrays, out, rng):
         return {}
     return out
+
+
+def _small_copies(arrays: dict, names, rng: dict) -> bool:
+    """Whether copies of the arrays `names` hold at most COPY_SHARE of the iterations."""
+    return sum(arrays[n].size for n in names) <= COPY_SHARE * math.prod(map(len, rng.values()))
 
 
 def _plain_pad(s) -> bool:
@@ -255,8 +259,7 @@ def _choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: b
         return _short_row(kernel, kernel_for, eq, rng, arrays, out) if pad and not \
             plan.jam else None
     if widths:
-        if eq.gathers() or sum(arrays[n].size for n in (*order, *widths)) > \
-                COPY_SHARE * math.prod(map(len, rng.values())):
+        if eq.gathers() or not _small_copies(arrays, dict.fromkeys((*order, *widths)), rng):
             return None
         both = {}
         for n in dict.fromkeys((*order, *widths)):
@@ -273,21 +276,34 @@ def _choose(kernel, kernel_for, arrays: dict, rng: dict, out: np.ndarray, pad: b
         return None
     waste = schedule.tile_waste(mplan, rng)
     if widths and waste >= WASTE:
-        key = (eq, CallSignature.of(arrays, rng, out.dtype, out.shape,
-                                    (tuple(widths.items()), repr(kernel.pad))))
-        alt = _SCRATCH.get(key, False)
-        if alt is False:        # (a fact of the signature: weighed once, ~0.6 ms)
-            alt = _SCRATCH[key] = _scratch_order(kernel_for, eq, rng, arrays, out, widths,
-                                                 kernel.pad)
+        alt = _scratch_alt(kernel_for, eq, rng, arrays, out, widths, kernel.pad, True)
         if alt is not None and alt[1] < waste:
-            order, m = alt[0], moved(eq, alt[0])
-            gm, stand = kernel_for(m), copies(arrays, order, run=False)
-            out = standin(target_shape(order, eq.output, out.shape), out.dtype)
-    # BLAS weighed against the loops that would run (the scratch's, where it is taken: on
-    # one thread the padded copy's tiles of 32 over rows of 34 lost to BLAS, 9.3 against
-    # 9.5 ms in the model, and the statement ran its own BLAS plan in 6.5-8.5 ms instead of
-    # the scratch's loops in 4.9 ms)
-    if gm.uses_blas(stand, rng, out):
+            order = alt[0]
+    return _weighed(kernel_for, eq, order, arrays, rng, out)
+
+
+def _scratch_alt(kernel_for, eq: Equation, rng: dict, arrays: dict, out, widths: dict, fill,
+                 stream: bool):
+    """_scratch_order's answer, a fact of the signature: weighed once (~0.6 ms)."""
+    key = (eq, stream, SCRATCH_ROW, CallSignature.of(arrays, rng, out.dtype, out.shape,
+                                                     (tuple(widths.items()), repr(fill))))
+    alt = _SCRATCH.get(key, False)
+    if alt is False:
+        alt = _SCRATCH[key] = _scratch_order(kernel_for, eq, rng, arrays, out, widths, fill,
+                                             stream)
+    return alt
+
+
+def _weighed(kernel_for, eq: Equation, order: dict, arrays: dict, rng: dict, out):
+    """(order, moved statement, rng), or None where BLAS takes the moved statement: BLAS
+    weighed against the loops that would run (the scratch's, where `order` has an Output: on
+    one thread the padded copy's tiles of 32 over rows of 34 lost to BLAS, 9.3 against 9.5 ms
+    in the model, and the statement ran its own BLAS plan in 6.5-8.5 ms instead of the
+    scratch's loops in 4.9 ms)."""
+    m = moved(eq, order)
+    if any(isinstance(c, Output) for c in order.values()):
+        out = standin(target_shape(order, eq.output, out.shape), out.dtype)
+    if kernel_for(m).uses_blas(copies(arrays, order, run=False), rng, out):
         return None
     return order, m, rng
 
@@ -299,24 +315,11 @@ def _short_row(kernel, kernel_for, eq: Equation, rng: dict, arrays: dict, out):
     BLAS does not win; only on a kernel's own call (`pad`: a vjp plan runs it alone)."""
     if not eq.reduction_indices:        # (the gain is sums kept in registers)
         return None
-    key = (eq, CallSignature.of(arrays, rng, out.dtype, out.shape, (
-        "short row", repr(kernel.pad), SCRATCH_ROW)))
-    alt = _SCRATCH.get(key, False)
-    if alt is False:            # (a fact of the signature: weighed once)
-        alt = _SCRATCH[key] = _scratch_order(kernel_for, eq, rng, arrays, out, {}, kernel.pad,
-                                             stream=False)
-    if alt is None or alt[1] >= WASTE:
+    alt = _scratch_alt(kernel_for, eq, rng, arrays, out, {}, kernel.pad, False)
+    if alt is None or alt[1] >= WASTE or not _small_copies(
+            arrays, [n for n, c in alt[0].items() if not isinstance(c, Output)], rng):
         return None
-    order = alt[0]
-    if sum(arrays[n].size for n, c in order.items() if not isinstance(c, Output)) > \
-            COPY_SHARE * math.prod(map(len, rng.values())):
-        return None
-    m = moved(eq, order)
-    stand = copies(arrays, order, run=False)
-    if kernel_for(m).uses_blas(stand, rng, standin(target_shape(order, eq.output, out.shape),
-                                                   out.dtype)):
-        return None
-    return order, m, rng
+    return _weighed(kernel_for, eq, alt[0], arrays, rng, out)
 
 
 def _scratch_order(kernel_for, eq: Equation, rng: dict, arrays: dict, out, widths: dict, fill,

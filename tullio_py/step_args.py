@@ -15,8 +15,9 @@ signature, a call only looks values up.  Example, layer norm's forward as one ro
 The rule for each name is the one `vjp_run.Host.launch` and `Chain.forward` apply by hand:
 later sources replace earlier ones (constants, then each member's reads and output in
 order; a statement's own `consts` before the call's arrays), `params` win over all, a 0-d
-array read is passed as its element and a 0-d output as a 1-element view.  A member that reads relaid copies (`Statement.relayout`) makes its copies
-per call: such a step has no plan (`plan` returns None) and is filled the long way.
+array read is passed as its element and a 0-d output as a 1-element view.  No member reads
+relaid copies (`Statement.relayout`, made per call): such a statement runs alone on its own
+kernel (vjp_plan.choose, vjp_rows.row_groups), and `plan` refuses one.
 """
 from __future__ import annotations
 
@@ -27,11 +28,11 @@ from .codegen import rows as rows_mod
 CONST, NS, OUT, BUF, PARAM = range(5)
 
 
-def plan(f, statements, members, params=(), skip=()) -> tuple | None:
+def plan(f, statements, members, params=(), skip=()) -> tuple:
     """((kind, key) per argument of `f.source.args`) for Rows or Nest `f` running
     `statements[k]` for k in `members`, each writing its array under `f.outputs`' name;
     `params`: names passed from the call's parameters; `skip`: outputs with no array of
-    their own (block-local: no OUT source).  None where a member reads relaid copies."""
+    their own (block-local: no OUT source)."""
     src: dict = {}
     if hasattr(f, "consts"):
         src.update((n, (CONST, v)) for n, v in f.consts)
@@ -40,7 +41,7 @@ def plan(f, statements, members, params=(), skip=()) -> tuple | None:
     for k, name in zip(members, f.outputs):
         s = statements[k]
         if s.relayout:
-            return None
+            raise ValueError(f"{s.text} reads relaid copies: it runs on its own kernel")
         consts = dict(s.consts)
         for n in (*s.equation.arrays, *s.equation.params):     # vjp_plan.pick's rule
             src[n] = (CONST, _element(consts[n])) if n in consts else (NS, n)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import jit, memo, memory, schedule, step_args, vjp_rows
+from . import jit, memory, schedule, step_args, vjp_rows
 from .vjp_plan import VjpPlan, absent, arrays_of, spread
 
 
@@ -40,8 +40,9 @@ class Host:
     empty = staticmethod(memory.empty)      # an unfilled array (tests fill it with NaN)
 
     def __init__(self, kernels, ranges, params: dict, record: dict, fused_function, threads,
-                 scratch=None, temporary=frozenset()):
+                 scratch=None, temporary=frozenset(), *, sources: dict):
         self.kernels, self.ranges, self.params, self.record = kernels, ranges, params, record
+        self.sources = sources          # step_sources(plan, params)
         self.fused_function, self.threads = fused_function, threads
         self.scratch, self.temporary = scratch, temporary
         self.buffers: list = []         # block-local arrays' buffers, from `scratch`
@@ -73,46 +74,23 @@ class Host:
                                          self.ranges[k], ns[s.output], params)
             return
         f = step.fused or step.rows
-        src = _sources(plan, params).get(id(step))
-        if src is None:                 # (a member reads relaid copies, made per call)
-            named = dict(f.consts) if step.rows else {**dict(f.bound), **dict(f.bounds)}
-            for k, name in zip(step.members, f.outputs):
-                s = plan.statements[k]
-                named.update(arrays_of(s, ns, params, run=True))
-                out = ns[s.output]
-                named[name] = out.reshape(1) if out.ndim == 0 else out    # (a view)
         bufs = {}
         if step.rows is not None and f.local:
             bufs = vjp_rows.local_buffers(f, ns, self.scratch.empty)
             self.buffers += bufs.values()
         if step.rows is not None and f.partial:
             bufs.update(vjp_rows.partial_buffers(f, ns, memory.zeros))
-        if src is None:
-            named.update(bufs)
-            args = [params[a] if a in params else named[a] for a in f.source.args]
-        else:
-            args = step_args.fill(src, ns, params, bufs)
+        args = step_args.fill(self.sources[id(step)], ns, params, bufs)
         jit.call(self.fused_function(f), args, f.source.parallel,
                  schedule.thread_count(self.threads, jit.max_threads()))
         for k in step.members:
             self.record[plan.statements[k].text] = (step.kind, f.source)
 
 
-_SOURCES = memo.Memo("vjp_run.sources", 64)     # id(plan) -> (plan, {id(step): sources})
 
-
-def _sources(plan: VjpPlan, params: dict) -> dict:
-    """{id(step): step_args sources} of the plan's fused and rows steps that have them,
-    worked out on the plan's first run (plans are kept per call signature)."""
-    hit = _SOURCES.get(id(plan))
-    if hit is not None and hit[0] is plan and hit[1] == tuple(params):
-        return hit[2]
-    got = {}
-    for step in plan.steps:
-        f = step.fused or step.rows
-        if f is not None:
-            src = step_args.plan(f, plan.statements, step.members, params)
-            if src is not None:
-                got[id(step)] = src
-    _SOURCES[id(plan)] = (plan, tuple(params), got)
-    return got
+def step_sources(plan: VjpPlan, params: dict) -> dict:
+    """{id(step): step_args sources} of the plan's fused and rows steps, worked out with the
+    plan: its callers keep them beside it (per call signature) and give them to Host."""
+    return {id(step): step_args.plan(step.fused or step.rows, plan.statements, step.members,
+                                     params)
+            for step in plan.steps if step.fused is not None or step.rows is not None}
