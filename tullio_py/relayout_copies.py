@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import blas, blas_threads, memory
+from . import blas, blas_threads, memory, transpose
 from .blas_shift_run import store
 from .ir import Equation
 
@@ -80,15 +80,16 @@ def take(order, eq: Equation, out: np.ndarray, dest: np.ndarray) -> None:
     back = np.transpose(dest, np.argsort(c.axes))
     if eq.assign == "-=":
         np.subtract(out, back, out=out)
-    else:
+    elif not transpose.copy(out, back, eq.assign == "+="):
         store(_pool_copy(), out, back, eq.assign == "+=")
 
 
-def copies(arrays: dict, order, run: bool = True, threads: int = 1) -> dict:
+def copies(arrays: dict, order, run: bool = True, threads: int | None = None) -> dict:
     """`arrays` with each array of `order` ((name, Copy or axis order) pairs or a dict)
     replaced by its copy: C-contiguous, cache-line aligned, its axes in that order, widened by
     the pad value where the Copy says (`run` False: a stand-in of its shape, for planning).
-    `threads`: how many threads a large moved copy may share (blas_threads.run)."""
+    `threads`: how many threads a moved copy may share (None: this Python thread's budget,
+    else numba's count)."""
     out = dict(arrays)
     for n, c in (order.items() if isinstance(order, dict) else order):
         if isinstance(c, Output):
@@ -113,12 +114,16 @@ def copies(arrays: dict, order, run: bool = True, threads: int = 1) -> dict:
     return out
 
 
-def _copy_moved(dst: np.ndarray, src: np.ndarray, block: int = 16, threads: int = 1) -> None:
-    """dst[...] = src, where src's last axis may step through memory with a stride: then in
-    slabs of `block` elements of that axis.  numpy copies a transposed view element by element
+def _copy_moved(dst: np.ndarray, src: np.ndarray, block: int = 16,
+                threads: int | None = None) -> None:
+    """dst[...] = src, where src's last axis may step through memory with a stride: as a tiled
+    transposing copy (transpose.py) where it applies, else in slabs of `block` elements of that
+    axis.  numpy copies a transposed view element by element
     with the stride innermost; in slabs of 16 (64 bytes of float32) conv2d's dy (16, 64, 32, 32)
     moved to (16, 32, 32, 64) took 0.55 ms instead of 1.7 ms.  From SHARED_BYTES on, the slabs
     are shared by `threads` threads (numpy's copy releases the GIL)."""
+    if transpose.copy(dst, src, threads=threads):
+        return
     copy = _pool_copy()
     if copy is not None and copy(dst, src, False):
         return
@@ -128,7 +133,7 @@ def _copy_moved(dst: np.ndarray, src: np.ndarray, block: int = 16, threads: int 
         return
     tasks = [functools.partial(np.copyto, dst[..., s:s + block], src[..., s:s + block])
              for s in range(0, n, block)]
-    if threads > 1 and dst.nbytes >= SHARED_BYTES and blas_threads.available():
+    if (threads or 1) > 1 and dst.nbytes >= SHARED_BYTES and blas_threads.available():
         blas_threads.run(tasks, threads)
         return
     for t in tasks:
