@@ -105,3 +105,27 @@ def test_copy_refusals_leave_dst_alone():
                     np.ones((32, 64, 256), np.float32).transpose(0, 2, 1))]:
         assert not transpose.copy(d, src)
         assert not d.any()
+
+
+def test_relayout_copies_pass_their_thread_count(monkeypatch):
+    """relayout's copies and scratch takes run the tiles on the threads they are given (a
+    Kernel's own count, a vjp's), serial on one; the values equal numpy's."""
+    from tullio_py import jit, relayout_copies
+    from tullio_py.parse import parse
+
+    calls = []
+    real = jit.call
+    monkeypatch.setattr(jit, "call", lambda fn, args, parallel, n: (
+        calls.append((parallel, n)), real(fn, args, parallel, n)))
+    dy = np.random.default_rng(4).standard_normal((8, 64, 32, 32)).astype(np.float32)   # 2 MB
+    for threads, expect in ((1, (False, 1)), (2, (True, 2))):
+        calls.clear()
+        got = relayout_copies.copies({"dy": dy}, {"dy": (0, 2, 3, 1)}, threads=threads)["dy"]
+        assert calls == [expect] and np.array_equal(got, dy.transpose(0, 2, 3, 1))
+        calls.clear()
+        out = np.ones_like(dy)
+        eq = parse("dx[b,c,p,q] += dy[b,c,p,q]")
+        scratch = np.ascontiguousarray(dy.transpose(3, 0, 1, 2))     # q outermost: far steps
+        relayout_copies.take({"dx": relayout_copies.Output((3, 0, 1, 2))}, eq, out, scratch,
+                             threads)
+        assert calls == [expect] and np.array_equal(out, dy + 1)

@@ -71,16 +71,18 @@ def scratch(order, name: str, out: np.ndarray) -> np.ndarray:
     return memory.empty(target_shape(order, name, out.shape), out.dtype)
 
 
-def take(order, eq: Equation, out: np.ndarray, dest: np.ndarray) -> None:
-    """Take a scratch `dest` (an Output in `order`) into `out` by `eq`'s assignment, through
-    the frontend's own copy where it has one (blas_shift_run.store)."""
+def take(order, eq: Equation, out: np.ndarray, dest: np.ndarray,
+         threads: int | None = None) -> None:
+    """Take a scratch `dest` (an Output in `order`) into `out` by `eq`'s assignment: a tiled
+    transposing copy on at most `threads` threads (transpose.py) where it applies, else
+    through the frontend's own copy where it has one (blas_shift_run.store)."""
     c = _output(order, eq.output)
     if c is None:
         return
     back = np.transpose(dest, np.argsort(c.axes))
     if eq.assign == "-=":
         np.subtract(out, back, out=out)
-    elif not transpose.copy(out, back, eq.assign == "+="):
+    elif not transpose.copy(out, back, eq.assign == "+=", threads):
         store(_pool_copy(), out, back, eq.assign == "+=")
 
 

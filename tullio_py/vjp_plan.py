@@ -217,12 +217,13 @@ def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
     return replace(s, equation=moved, relayout=tuple(order.items()))
 
 
-def arrays_of(s: Statement, ns: dict, params: dict, run: bool = False) -> dict:
+def arrays_of(s: Statement, ns: dict, params: dict, run: bool = False,
+              threads: int | None = None) -> dict:
     """The arrays and scalars statement `s` reads (`pick`), each array it reads relaid
     (Statement.relayout) as a C-contiguous copy with its axes in that order (`run`: a real
-    copy; else a stand-in, for planning)."""
+    copy, on at most `threads` threads; else a stand-in, for planning)."""
     out = pick(s.equation, {**ns, **dict(s.consts)} if s.consts else ns, params)
-    return relayout.copies(out, s.relayout, run) if s.relayout else out
+    return relayout.copies(out, s.relayout, run, threads) if s.relayout else out
 
 
 def gradient_arrays(d, rng: dict, inputs: dict, cot_dtype, complex_mode: bool) -> list:

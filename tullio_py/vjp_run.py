@@ -70,7 +70,8 @@ class Host:
         if step.fused is None and step.rows is None:
             k = step.members[0]
             s = plan.statements[k]
-            self.record[s.text] = run_on(self.kernels[k], arrays_of(s, ns, params, run=True),
+            threads = schedule.thread_count(self.threads, jit.max_threads())
+            self.record[s.text] = run_on(self.kernels[k], arrays_of(s, ns, params, True, threads),
                                          self.ranges[k], ns[s.output], params)
             return
         f = step.fused or step.rows

@@ -123,11 +123,12 @@ def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     order, moved, rng = got
     mk = kernel.kernel_for(moved)
     mk.relaid_reads = tuple(order.items())      # (what it reads, for gradient_code)
-    copies = relayout.copies(arrays, order, threads=shift_threads(kernel))
+    threads = shift_threads(kernel)
+    copies = relayout.copies(arrays, order, threads=threads)
     dest = relayout.scratch(order, kernel.equation.output, out)
     prepared, call_ranges, extra = mk.prepare(copies, rng, dest.dtype, dest.shape)
     launch(mk, prepared, arguments(prepared, copies, dest, call_ranges, extra))
-    relayout.take(order, kernel.equation, out, dest)
+    relayout.take(order, kernel.equation, out, dest, threads)
     kernel.last = mk.last = prepared
     return True, (prepared, call_ranges, extra)
 
