@@ -129,3 +129,20 @@ def test_relayout_copies_pass_their_thread_count(monkeypatch):
         relayout_copies.take({"dx": relayout_copies.Output((3, 0, 1, 2))}, eq, out, scratch,
                              threads)
         assert calls == [expect] and np.array_equal(out, dy + 1)
+
+
+def test_one_thread_copies_stay_off_the_frontends_pool(monkeypatch):
+    """A moved copy the tiles do not take goes to the frontend's pool copy (torch's copy_)
+    only when it may use more than one thread; on one it is numpy's copy on this thread."""
+    from tullio_py import blas, relayout_copies
+
+    pooled = []
+    monkeypatch.setattr(blas, "pooled_gemm", lambda: True)
+    monkeypatch.setattr(blas.gemms, "copy", lambda dst, src, add: (
+        pooled.append(dst.shape), np.copyto(dst, src))[-1] is None, raising=False)
+    v = np.random.default_rng(5).standard_normal((32, 64, 260)).transpose(0, 2, 1)  # near steps
+    for threads, expect in ((1, []), (2, [v.shape])):
+        pooled.clear()
+        d = np.zeros(v.shape)
+        relayout_copies._copy_moved(d, v, threads=threads)
+        assert pooled == expect and np.array_equal(d, v)
