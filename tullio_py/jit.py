@@ -24,7 +24,7 @@ import numpy as np
 from . import cache, memo, vecmath
 from .codegen import Source
 # numba's threading layer and the thread count of a parallel call (re-exported for callers)
-from .threads import (defer_blas_check, numba_module, budgets, call, max_threads,  # noqa: F401
+from .threads import (defer_blas_check, numba_module, asked, budgets, call, max_threads,  # noqa: F401
                       pool, serial_maker, set_threads, thread_budget, threading_layer)
 
 _ND = np.ndarray

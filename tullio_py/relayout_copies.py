@@ -14,7 +14,6 @@ from . import blas, blas_threads, jit, memory, transpose
 from .blas_shift_run import store
 from .ir import Equation
 
-SHARED_BYTES = 1 << 20      # a moved copy from this size on may be shared by several threads
 
 
 @dataclass(frozen=True)
@@ -82,8 +81,10 @@ def take(order, eq: Equation, out: np.ndarray, dest: np.ndarray,
     back = np.transpose(dest, np.argsort(c.axes))
     if eq.assign == "-=":
         np.subtract(out, back, out=out)
-    elif not transpose.copy(out, back, eq.assign == "+=", threads):
-        store(_pool_copy(threads), out, back, eq.assign == "+=")
+    else:
+        n = jit.asked(threads)
+        if not transpose.copy(out, back, eq.assign == "+=", n):
+            store(_pool_copy(n), out, back, eq.assign == "+=")
 
 
 def copies(arrays: dict, order, run: bool = True, threads: int | None = None) -> dict:
@@ -120,11 +121,13 @@ def _copy_moved(dst: np.ndarray, src: np.ndarray, block: int = 16,
                 threads: int | None = None) -> None:
     """dst[...] = src, where src's last axis may step through memory with a stride: as a tiled
     transposing copy (transpose.py) where it applies; else through the frontend's pool copy
-    (`_pool_copy`); else by numpy's copy, from SHARED_BYTES on on `threads` threads in slabs of
+    (`_pool_copy`); else by numpy's copy, from transpose.SHARED_BYTES on on `threads` threads
+    (None: this Python thread's budget) in slabs of
     `block` elements of the last axis (numpy's copy releases the GIL).  On one thread numpy's
     copy whole: where the tiles do not apply it was as fast as slabs or faster (conv1d's x
     (32, 64, 260) moved channel-last: 0.12 ms whole, 0.19 ms in slabs; inside a
     forward+backward under torch, 0.35-0.52 ms whole against 1.4-1.5 ms in slabs)."""
+    threads = jit.asked(threads)
     if transpose.copy(dst, src, threads=threads):
         return
     copy = _pool_copy(threads)
@@ -132,23 +135,23 @@ def _copy_moved(dst: np.ndarray, src: np.ndarray, block: int = 16,
         return
     n = src.shape[-1] if src.ndim else 0
     if (src.ndim < 2 or abs(src.strides[-1]) == src.itemsize or n <= 2 * block
-            or (threads or 1) < 2 or dst.nbytes < SHARED_BYTES or not blas_threads.available()):
+            or (threads or 1) < 2 or dst.nbytes < transpose.SHARED_BYTES
+            or not blas_threads.available()):
         np.copyto(dst, src)
         return
     blas_threads.run([functools.partial(np.copyto, dst[..., s:s + block], src[..., s:s + block])
                       for s in range(0, n, block)], threads)
 
 
-def _pool_copy(threads: int | None = None):
+def _pool_copy(threads: int | None):
     """The frontend's copy on its own pool (blas.gemm_provider: torch's copy_), or None: the
     copies go there, so that no Python threads of this module run beside that pool's spinning
     workers (a conv2d NCHW forward and backward under torch on 2 threads: 14.7 ms with the
-    copies on Python threads, 13.3 ms on torch's pool).  None on one thread (`threads`, else
-    this Python thread's budget: torch's intra-op count), where no Python threads run and
+    copies on Python threads, 13.3 ms on torch's pool).  None on one thread, where no Python threads run and
     numpy's copy on this thread is the faster: conv1d's x (32, 64, 260) moved channel-last
     inside a forward+backward under torch on one thread, 0.35-0.52 ms against 0.81-1.47 ms in
-    torch's copy_ (AMD Zen 5)."""
-    if (getattr(jit.budgets, "n", None) if threads is None else threads) == 1:
+    torch's copy_ (AMD Zen 5).  `threads`: the count asked (jit.asked)."""
+    if threads == 1:
         return None
     return getattr(blas.gemms, "copy", None) if blas.pooled_gemm() else None
 

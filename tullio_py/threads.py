@@ -174,6 +174,12 @@ class thread_budget:
         budgets.n, budgets.pool = self.old
 
 
+def asked(n: int | None) -> int | None:
+    """The thread count a call may use: `n` where given, else this Python thread's budget
+    (thread_budget; torch's intra-op count under the torch frontend), else None (numba's)."""
+    return getattr(budgets, "n", None) if n is None else n
+
+
 def call(fn, args, parallel: bool, n: int | None):
     """fn(*args); when fn was compiled parallel, on n threads (None: numba's setting), at most
     the thread budget of this Python thread and the CPUs left free (cpu_load.py)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import jit
+from . import jit, memo
 from .codegen import Source
 
 TILE_SRC = 16       # elements along src's finest axis per tile (a 64-byte line of float32)
@@ -73,6 +73,15 @@ def _source(add: bool, parallel: bool) -> Source:
 # (add, parallel) -> Source; the serial one runs one thread's copies and the small ones
 # without starting the thread pool (a 73 KB copy: 15 us serial, 60 us on a pool of one)
 _SOURCES = {(a, p): _source(a, p) for a in (False, True) for p in (False, True)}
+_LOADED = memo.Memo("transpose.loaded", 4)     # (add, parallel) -> compiled function (jit.load
+#                                                 builds its key text: 19 us a lookup)
+
+
+def _function(add: bool, parallel: bool):
+    fn = _LOADED.get((add, parallel))
+    if fn is None:
+        fn = _LOADED[add, parallel] = jit.load(_SOURCES[add, parallel], "cpu")
+    return fn
 
 
 def views(dst: np.ndarray, src: np.ndarray):
@@ -111,16 +120,16 @@ def copy(dst: np.ndarray, src: np.ndarray, add: bool = False, threads: int | Non
     done, where it does not apply: different dtypes, a dtype the compiled copy does not take,
     fewer than MIN_BYTES, a pair `views` does not reduce, or src's step along dst's finest
     axis under FAR_BYTES (numpy's own copy is as fast there)."""
-    if (dst.dtype != src.dtype or dst.dtype.kind not in _KINDS or dst.dtype.itemsize == 2
+    if (dst.dtype != src.dtype or dst.dtype.kind not in _KINDS or dst.dtype == np.float16
             or dst.nbytes < MIN_BYTES or not dst.flags.writeable):
         return False
     got = views(dst, src)
     if got is None or abs(got[1].strides[3]) < FAR_BYTES:
         return False
-    n = getattr(jit.budgets, "n", None) if threads is None else threads
+    n = jit.asked(threads)
     parallel = n != 1 and dst.nbytes >= SHARED_BYTES
     d4, s4 = got
     # src with its last two axes swapped: often C-contiguous (dy's own layout), and then
     # numba's C-layout specialisation reads the runs of TILE_SRC as vectors
-    jit.call(jit.load(_SOURCES[add, parallel], "cpu"), (d4, s4.swapaxes(2, 3)), parallel, n)
+    jit.call(_function(add, parallel), (d4, s4.swapaxes(2, 3)), parallel, n)
     return True

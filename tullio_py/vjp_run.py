@@ -67,10 +67,10 @@ class Host:
 
     def launch(self, plan: VjpPlan, step, ns: dict):
         params = self.params
+        threads = schedule.thread_count(self.threads, jit.max_threads())
         if step.fused is None and step.rows is None:
             k = step.members[0]
             s = plan.statements[k]
-            threads = schedule.thread_count(self.threads, jit.max_threads())
             self.record[s.text] = run_on(self.kernels[k], arrays_of(s, ns, params, True, threads),
                                          self.ranges[k], ns[s.output], params)
             return
@@ -82,8 +82,7 @@ class Host:
         if step.rows is not None and f.partial:
             bufs.update(vjp_rows.partial_buffers(f, ns, memory.zeros))
         args = step_args.fill(self.sources[id(step)], ns, params, bufs)
-        jit.call(self.fused_function(f), args, f.source.parallel,
-                 schedule.thread_count(self.threads, jit.max_threads()))
+        jit.call(self.fused_function(f), args, f.source.parallel, threads)
         for k in step.members:
             self.record[plan.statements[k].text] = (step.kind, f.source)
 
