@@ -75,7 +75,8 @@ def test_causal_attention_as_one_chain(dtype):
     """The chain against torch in float64.  Its softmax statements run as one row group
     although a member's loops collapse (h, b) into one parallel loop (vjp_rows: a collapsed
     loop's bounds are the block's), forward and backward; the gradients BLAS writes whole
-    (dp, dv, dq, dk) are gemms into unzeroed arrays (chain_grad: vjp_written.whole_blas)."""
+    (dp, dv, dq, dk) are gemms into unzeroed arrays (chain_grad: vjp_written.whole_blas); de is
+    inlined into its one reader (vjp_inline.py)."""
     gen = torch.Generator().manual_seed(4)
     B, H, T, D = 2, 3, 37, 29
     base = {n: torch.randn(B, H, T, D, generator=gen, dtype=torch.float64) for n in "qkv"}
@@ -87,7 +88,9 @@ def test_causal_attention_as_one_chain(dtype):
     assert ATT.last_groups == ((0,), (1, 2, 3, 4), (5,))
     plan = ATT.gradient_plan
     assert [s.kind for s in plan.steps] == ["blas", "blas", "rows", "blas", "blas"]
-    assert {a.name for a in plan.arrays if a.written} == {"dp", "dv", "de", "dq", "dk"}
+    assert {a.name for a in plan.arrays if a.written} == {"dp", "dv", "dq", "dk"}
+    # de, written element by element and read once, is computed where ds reads it
+    assert "de" not in {a.name for a in plan.arrays}
     y_ref = reference(ref["q"], ref["k"], ref["v"], 1 / D ** 0.5)
     y_ref.backward(g)
     tol = 1e-10 if dtype == torch.float64 else 2e-4

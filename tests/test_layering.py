@@ -20,7 +20,7 @@ STAGE = {
     "codegen.text": 4.5, "codegen.source": 4.6, "codegen.emit": 4.6, "codegen.bounds": 4.7,
     "codegen.expr": 4.7, "codegen.nest": 4.8, "codegen.blocked": 4.9, "codegen.cpu": 5, "codegen.cuda": 5.5,
     "codegen.fused": 5.5, "codegen.rows": 5.5, "codegen.__init__": 6, "codegen": 6, "intrinsics": 6.5, "threads": 6.8, "jit": 7, "transpose": 7.5, "callpath": 8,
-    "tape": 8, "frontends.cuda": 8, "vjp_written": 8.05, "relayout_copies": 8.06, "relayout": 8.07, "vjp_plan": 8.1, "vjp_rows": 8.15, "step_args": 8.17, "vjp_run": 8.2, "frontends.numpy": 8.2,
+    "tape": 8, "frontends.cuda": 8, "vjp_written": 8.05, "relayout_copies": 8.06, "relayout": 8.07, "vjp_plan": 8.1, "vjp_inline": 8.12, "vjp_rows": 8.15, "step_args": 8.17, "vjp_run": 8.2, "frontends.numpy": 8.2,
     "frontends.cuda_vjp": 8.5, "frontends.cuda_call": 8.7, "gradient_kernel": 9,
     "tangent_kernel": 9.2, "frontends.vjp": 9.3, "explain": 9.5, "frontends.dask_graph": 9.6,
     "frontends.dask": 9.7, "frontends.torch": 9.8, "frontends.torch_higher": 9.82, "frontends.torch_autograd": 9.85,

@@ -29,7 +29,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import bind as binding, jit, memo, memory, scratch, vjp_plan, vjp_rows, vjp_run, vjp_written
+from . import bind as binding, jit, memo, memory, scratch, vjp_inline, vjp_plan, vjp_rows, vjp_run
+from . import vjp_written
 from .gradient_kernel import learnable_scalars
 from .ir import Access, Gather, Param, Wrapped, map_expr
 from .vjp_plan import Array, Statement, VjpPlan, frozen_ranges, standin
@@ -40,6 +41,9 @@ from .vjp_plan import Array, Statement, VjpPlan, frozen_ranges, standin
 # 2.5 ms as its steps one by one (blocks of 1 MB); forward and vjp, 2.23 ms in blocks of
 # 1 MB and 1.79 ms in blocks of 16 kB.
 ROWS = True
+# A temporary's cotangent written element by element and read once is computed where it
+# is read (vjp_inline.py); False keeps every gradient statement as printed.
+INLINE = True
 BLOCK_BYTES = 16 << 10
 SUMS_BLOCK_BYTES = 1 << 20
 
@@ -157,10 +161,10 @@ class ChainGradient:
         arrays_out: dict = {}
         statements, kernels, steps, entries, params = [], [], [], [], {}
         written = set()
+        built = []          # per part: (its Gradient, its helpers' count, its statements)
         for G, helpers, grads, prm, st in parts:
             params.update(prm)
             rng = st.rng
-            base = len(statements)
             mine = []
             for h in helpers:
                 dtype = vjp_plan.helper_dtype(h, {**values, **params})
@@ -197,11 +201,16 @@ class ChainGradient:
                     mine[j] = replace(s, equation=replace(s.equation, assign="="))
                     arrays_out[s.output] = replace(a, written=True, zero=zero)
             written |= {s.output for s in mine[len(helpers):]}
+            built.append((G, len(helpers), mine))
+        if fuse and INLINE:
+            built = self._inlined(built, arrays_out)
+        for G, n_helpers, mine in built:
+            base = len(statements)
             if fuse:
-                mine = mine[:len(helpers)] + [vjp_plan.relaid(s, G.kernel_for, values, params)
-                                              for s in mine[len(helpers):]]
+                mine = mine[:n_helpers] + [vjp_plan.relaid(s, G.kernel_for, values, params)
+                                           for s in mine[n_helpers:]]
             ks = [G.kernel_for(s.equation) for s in mine]
-            local = vjp_plan.choose(mine, len(helpers), ks, values, params, fuse)
+            local = vjp_plan.choose(mine, n_helpers, ks, values, params, fuse)
             steps += [replace(s, members=tuple(m + base for m in s.members)) for s in local]
             statements += mine
             kernels += ks
@@ -224,6 +233,31 @@ class ChainGradient:
                   if isinstance(v, np.ndarray) or np.isscalar(v)}
         return (p, tuple(kernels), tuple(vjp_plan.as_ranges(s.ranges) for s in statements),
                 params, tuple(entries), shapes)
+
+    def _inlined(self, built: list, arrays_out: dict) -> list:
+        """`built` with the cotangents of temporaries that vjp_inline.py inlines into their
+        one reader gone (their writers dropped, their Arrays removed from `arrays_out`)."""
+        flat = [s for _, _, mine in built for s in mine]
+        temporaries = set(self.chain.spec.defined)
+        candidates = {a.name for a in arrays_out.values()
+                      if a.input in temporaries and a.shape and not a.spread}
+        if not candidates:
+            return built
+        new, gone = vjp_inline.inline(flat, {a.name: a.shape for a in arrays_out.values()},
+                                      {a.name: np.dtype(a.dtype) for a in arrays_out.values()},
+                                      candidates)
+        if not gone:
+            return built
+        for n in gone:
+            del arrays_out[n]
+        out, k = [], 0
+        for G, n_helpers, mine in built:
+            part = new[k:k + len(mine)]
+            k += len(mine)
+            kept = [s for s in part if s is not None]
+            if kept:
+                out.append((G, n_helpers, kept))
+        return out
 
     # ------------------------------------------------------------------ running
     def vjp(self, ns: dict, cot: np.ndarray, arrays: dict, wanted=None) -> dict:
