@@ -70,6 +70,24 @@ def test_own_pool_not_counted_just_after_a_call(tmp_path):
     assert load.limit(2) == 1               # another thread besides the worker
 
 
+def test_a_one_thread_call_keeps_the_spin_of_the_call_before(tmp_path):
+    """The workers of a 2-thread call spin from its end; a 1-thread call after it wakes none,
+    so a reading within OWN_SPIN of the 2-thread call still does not count them, and one
+    after that window counts them."""
+    f = tmp_path / "loadavg"
+    f.write_text("1.0 1.0 1.0 2/100 5\n")
+    clock = Clock()
+    load = cpu_load.Load(str(f), interval=0.001, clock=clock, enabled=True, cpus=2)
+    load.ran(2)
+    clock.t += cpu_load.OWN_SPIN / 4
+    load.ran(1)
+    clock.t += cpu_load.OWN_SPIN / 4
+    assert load.limit(2) == 2
+    load.ran(1)
+    clock.t += cpu_load.OWN_SPIN
+    assert load.limit(2) == 1
+
+
 def test_unreadable_count_turns_it_off(tmp_path):
     load = cpu_load.Load(str(tmp_path / "missing"), clock=Clock(), enabled=True, cpus=2)
     assert load.limit(2) == 2 and not load.enabled

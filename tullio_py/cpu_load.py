@@ -68,8 +68,13 @@ class Load:
         self.ended, self.threads = None, 1     # end and threads of the last parallel call
 
     def ran(self, threads: int):
-        """A parallel call on `threads` threads has just ended."""
-        self.ended, self.threads = self.clock(), threads
+        """A parallel call on `threads` threads has just ended.  A call on one thread wakes no
+        worker, so it leaves the record of the last call on more: that call's workers spin
+        from its end whatever ran after it (recording the one-thread call instead counted
+        them as other threads, and the next call went to one thread too: 1.6% of bench_suite's
+        calls on 2 threads)."""
+        if threads > 1:
+            self.ended, self.threads = self.clock(), threads
 
     def read(self) -> int | None:
         """The runnable threads now, the caller included (a reading at most `interval` old),
