@@ -48,14 +48,19 @@ def test_limit_reads_at_most_every_interval(tmp_path):
     assert off.limit(2) == 2
 
 
+def two_cpus(tmp_path, running: int):
+    """(the count's file, a clock, a Load of 2 CPUs reading it) with `running` threads."""
+    f = tmp_path / "loadavg"
+    f.write_text(f"1.0 1.0 1.0 {running}/100 5\n")
+    clock = Clock()
+    return f, clock, cpu_load.Load(str(f), interval=0.001, clock=clock, enabled=True, cpus=2)
+
+
 def test_own_pool_not_counted_just_after_a_call(tmp_path):
     """The pool's workers stay runnable for a few ms after a parallel call: a reading within
     OWN_SPIN of the end of a 2-thread call counts one runnable thread fewer; a later one, or
     one after a 1-thread call, counts them all."""
-    f = tmp_path / "loadavg"
-    f.write_text("1.0 1.0 1.0 2/100 5\n")
-    clock = Clock()
-    load = cpu_load.Load(str(f), interval=0.001, clock=clock, enabled=True, cpus=2)
+    f, clock, load = two_cpus(tmp_path, running=2)
     load.ran(2)
     clock.t += cpu_load.OWN_SPIN / 2
     assert load.limit(2) == 2
@@ -74,10 +79,7 @@ def test_a_one_thread_call_keeps_the_spin_of_the_call_before(tmp_path):
     """The workers of a 2-thread call spin from its end; a 1-thread call after it wakes none,
     so a reading within OWN_SPIN of the 2-thread call still does not count them, and one
     after that window counts them."""
-    f = tmp_path / "loadavg"
-    f.write_text("1.0 1.0 1.0 2/100 5\n")
-    clock = Clock()
-    load = cpu_load.Load(str(f), interval=0.001, clock=clock, enabled=True, cpus=2)
+    _, clock, load = two_cpus(tmp_path, running=2)
     load.ran(2)
     clock.t += cpu_load.OWN_SPIN / 4
     load.ran(1)

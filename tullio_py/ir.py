@@ -75,6 +75,11 @@ class Affine:
         rest = Affine.of(tuple(t for t in self.terms if t[0] != name), self.const, self.span)
         return rest + value.scale(c)
 
+    def renamed(self, new: dict) -> "Affine":
+        """The indices in `new` renamed all at once (`{i: j, j: i}` swaps them)."""
+        merged = Affine.of(tuple((new.get(n, n), c) for n, c in self.terms)).terms
+        return Affine(merged, self.const, self.span, self.shifted)
+
     def __str__(self) -> str:
         out = ""
         for name, coef in self.terms:

@@ -74,13 +74,14 @@ def _inline_one(out: list, name: str, shapes: dict, dtypes: dict) -> bool:
     if len(reads) != 1 or not all(isinstance(s, Affine) and s.is_bare for s in reads[0].indices):
         return False
     target = tuple(s.names[0] for s in reads[0].indices)
-    if len(set(target)) != len(target) or R.relayout:
+    if len(set(target)) != len(target) or len(target) != len(shape) or R.relayout:
         return False
     terms = []
     for k, W in writers:
         term = _term(W, name, shape, target)
-        if term is None or R.output in W.equation.arrays or R.output in W.equation.params:
+        if term is None:
             return False
+        # (up to R included: R writing what a writer reads is refused here too)
         read = set(W.equation.arrays) | set(W.equation.params)
         if any(out[j] is not None and out[j].output in read for j in range(k + 1, r + 1)):
             return False
@@ -104,11 +105,13 @@ def _term(W: Statement, name: str, shape: tuple, target: tuple):
     where W breaks the rule."""
     eq = W.equation
     if eq.assign not in ("=", "+=") or eq.reduction is not None or eq.finaliser or W.relayout \
-            or W.consts or eq.gathers() or name in eq.arrays or name in eq.params:
+            or W.consts or name in eq.arrays or name in eq.params:
         return None
     lhs = eq.lhs.indices
-    if len(lhs) != len(shape) or len(target) != len(shape) \
-            or not all(isinstance(s, Affine) and s.is_bare for s in lhs):
+    if len(lhs) != len(shape) or not all(isinstance(s, Affine) and s.is_bare for s in lhs):
+        return None
+    # plain affine reads only: no gather, no pad() or other wrapped position
+    if any(not isinstance(s, Affine) for a in eq.accesses() for s in a.indices):
         return None
     left = tuple(s.names[0] for s in lhs)
     if len(set(left)) != len(left) or set(eq.indices) - set(left):
@@ -117,15 +120,10 @@ def _term(W: Statement, name: str, shape: tuple, target: tuple):
     if any(ranges.get(n) != (0, size, 1) for n, size in zip(left, shape)):
         return None
     rename = dict(zip(left, target))
-    if any(not isinstance(s, Affine) for a in eq.accesses() for s in a.indices):
-        return None
 
     def node(n):
         if isinstance(n, Access):
-            return Access(n.array, tuple(Affine.of(tuple((rename[v], c) for v, c in s.terms),
-                                                   s.const, s.span) if not s.shifted else
-                                         replace(s, terms=tuple((rename[v], c) for v, c in s.terms))
-                                         for s in n.indices), n.span)
+            return Access(n.array, tuple(s.renamed(rename) for s in n.indices), n.span)
         if isinstance(n, IndexValue):
             return IndexValue(rename[n.name], n.span)
         return n
