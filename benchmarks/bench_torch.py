@@ -31,16 +31,16 @@ def _layer(method: str, torch):
     lc = LocallyConnected2d(C1, C2, N, K, bias=False)
     if method == "tullio_py":
         return lc, [lc.weight]
-    W = torch.nn.Parameter(lc.weight.detach().reshape(C1 * K * K, C2, M * M).clone())
+    # each formulation holds the weights in its own fastest layout: (positions, c1*kh*kw, c2)
+    W = torch.nn.Parameter(lc.weight.detach().permute(0, 1, 4, 2, 3, 5)
+                           .reshape(M * M, C1 * K * K, C2).clone())
     if method == "unfold+einsum":
         def f(x):
-            return torch.einsum("bkl,kol->bol", F.unfold(x, K), W).reshape(-1, C2, M, M)
+            return torch.einsum("bkl,lko->bol", F.unfold(x, K), W).reshape(-1, C2, M, M)
     else:       # the same contraction as a batched matmul over output positions
-        Wl = W
-
         def f(x):
             cols = F.unfold(x, K).permute(2, 0, 1)                  # (l, b, k)
-            out = torch.bmm(cols, Wl.permute(2, 0, 1))              # (l, b, o)
+            out = torch.bmm(cols, W)                                # (l, b, o)
             return out.permute(1, 2, 0).reshape(-1, C2, M, M)
     return f, [W]
 

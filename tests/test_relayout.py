@@ -77,8 +77,8 @@ def test_axes_refusals(expr, arrays, why):
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_kernel_call_runs_relaid_like_numpy_and_its_plain_loops(order, dtype, monkeypatch):
-    """LocallyConnected2d's dW called on its own reads relaid copies (explain says so), gives
-    numpy's numbers, the same bits as the moved statement run on explicit copies, and its
+    """A locally connected layer's dW called on its own reads relaid copies (explain says so),
+    gives numpy's numbers, the same bits as the moved statement run on explicit copies, and its
     plain loops' numbers to rounding; every call of the signature the same bits."""
     k = kernel(LAYER_DW)
     x, dout, dW = _layer_arrays(dtype=dtype, order=order)

@@ -417,7 +417,7 @@ def test_embedding_bag_gradient_scatters_rows():
 
 
 def test_a_fused_split_gives_way_to_register_blocking():
-    """LocallyConnected2d's relaid dW: c1 (8 values, fewer than SHORT) would be fused with i
+    """A locally connected layer's relaid dW: c1 (8 values, fewer than SHORT) would be fused with i
     into one parallel loop, and fused loops are not register-blocked; the single split of s
     lets the nest block 8 values of c2 at once instead.  Attention's unmasked p[b,h,i,j], which
     nothing blocks, keeps its fused b,h."""

@@ -31,10 +31,10 @@ class UnfoldLocal(torch.nn.Module):
         self.k = layer.kernel_size
 
     def forward(self, x):
-        c1, kh, kw, c2, oh, ow = self.weight.shape
+        oh, ow, kh, kw, c1, c2 = self.weight.shape
         cols = F.unfold(x, self.k)                  # (b, c1*kh*kw, oh*ow)
-        w = self.weight.reshape(c1 * kh * kw, c2, oh * ow)
-        return torch.einsum("bkl,kol->bol", cols, w).reshape(-1, c2, oh, ow) + self.bias
+        w = self.weight.permute(0, 1, 4, 2, 3, 5).reshape(oh * ow, c1 * kh * kw, c2)
+        return torch.einsum("bkl,lko->bol", cols, w).reshape(-1, c2, oh, ow) + self.bias
 
 
 def train(model, X, y, epochs=3, batch=64):
@@ -61,7 +61,7 @@ def test_locally_connected_digits_matches_unfold():
     model = Model(local)
     ref = Model(UnfoldLocal(local))
     ref.head.load_state_dict(model.head.state_dict())
-    assert local.weight.shape == (1, 3, 3, 6, 6, 6)
+    assert local.weight.shape == (6, 6, 3, 3, 1, 6)
     bound = 1 / 3                                   # 1/sqrt(fan_in), fan_in = 1*3*3
     assert local.weight.abs().max() <= bound and local.bias.abs().max() <= bound
 

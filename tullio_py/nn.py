@@ -4,18 +4,24 @@ used (`tullio_py.nn.LocallyConnected2d`), not by `import tullio_py.nn`.
 LocallyConnected2d is a convolution whose weights differ at every output position (no weight
 sharing), "valid" (no padding), stride 1:
 
-    out[s, t, c2, b] := x[s+i, t+j, c1, b] * W[c1, i, j, c2, s, t]      (+ bias[c2, s, t])
+    out[s, t, c2, b] := x[s+i, t+j, c1, b] * W[s, t, i, j, c1, c2]      (+ bias[c2, s, t])
 
 The layer takes and returns torch's (batch, channels, H, W) tensors; inside, the input is
 copied once to (H, W, channels, batch) so that the batch index runs innermost and contiguous in
-the forward and in both gradients, with the weight read hoisted out of that loop.  On batch 16,
-8->16 channels, 32x32, 3x3, float32, 2 threads this took the forward from 5.7 to 2.1 ms and the
-gradients from 19 to 7 ms, against the batch-outermost form
-out[b,c2,s,t] := x[b,c1,s+i,t+j] * W[c1,i,j,c2,s,t] (the copy costs ~0.05 ms).
+the forward and in both gradients, with the weight read hoisted out of that loop.
 
-Weight layout W[c1, i, j, c2, s, t]: reshaped to (c1*kh*kw, c2, oh*ow) it is exactly the
-operand of the `unfold` + einsum formulation ("bkl,kol->bol"), which makes weights easy to
-move between the two.
+Weight layout W[s, t, i, j, c1, c2]: the weights of one output position are one contiguous
+block of kh*kw*c1*c2 values, and the part one window offset (i, j) reads is contiguous inside
+it.  The forward reads each position's block whole; the input gradient, a gather
+dx[p,q,c1,b] += dout[p-i,q-j,c2,b] * W[p-i,q-j,i,j,c1,c2], reads at each (p, q) the
+c1*c2 values of offset (i, j) from nine blocks; the weight gradient writes each block whole.
+In the layout W[c1, i, j, c2, s, t] one position's 1152 values (8 -> 16 channels, 3x3) lay on
+1152 cache lines 3.6 KB apart.  LocallyConnected2d, batch 16, 8->16 channels, 32x32, 3x3,
+float32, forward + backward under torch autograd, one thread, median of 21 (AMD Zen 4):
+W[c1,i,j,c2,s,t] 8.8-10.7 ms, W[s,t,c1,i,j,c2] 6.5-7.6 ms, W[s,t,i,j,c1,c2] 4.8-5.6 ms
+(benchmarks/bench_layers.py has the side-by-side run).  Permuted to (oh, ow, c1, kh, kw, c2)
+and reshaped to (oh*ow, c1*kh*kw, c2) it is the operand of the same layer written as a batched
+matmul over positions after `unfold` (einsum "bkl,lko->bol").
 
 Initialisation follows torch's Conv2d: kaiming_uniform_(a=sqrt(5)) with fan_in = c1*kh*kw,
 i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-EXPRESSION = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[c1,i,j,c2,s,t]"
+EXPRESSION = "out[s,t,c2,b] := x[s+i,t+j,c1,b] * W[s,t,i,j,c1,c2]"
 _CLASSES: dict = {}
 
 
@@ -41,8 +47,8 @@ def _build():
 
     class LocallyConnected2d(torch.nn.Module):
         """Locally connected 2-d layer: input (batch, in_channels, H, W), output
-        (batch, out_channels, H-kh+1, W-kw+1).  Weight (in_channels, kh, kw, out_channels,
-        oh, ow); bias (out_channels, oh, ow) or None."""
+        (batch, out_channels, H-kh+1, W-kw+1).  Weight (oh, ow, kh, kw, in_channels,
+        out_channels); bias (out_channels, oh, ow) or None."""
 
         def __init__(self, in_channels: int, out_channels: int, in_size, kernel_size,
                      bias: bool = True, dtype=None, device=None):
@@ -57,7 +63,7 @@ def _build():
             oh, ow = self.out_size
             kw_ = dict(dtype=dtype, device=device)
             self.weight = torch.nn.Parameter(
-                torch.empty(in_channels, kh, kw, out_channels, oh, ow, **kw_))
+                torch.empty(oh, ow, kh, kw, in_channels, out_channels, **kw_))
             self.bias = torch.nn.Parameter(torch.empty(out_channels, oh, ow, **kw_)) \
                 if bias else None
             self._kernel = kernel(EXPRESSION)

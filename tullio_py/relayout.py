@@ -9,7 +9,7 @@ along `r` to have `r` in its last axis.  So every array read with `r` (coefficie
 axis other than its last gets that axis moved last, in a C-contiguous copy (so does an array
 read along `r` in its last axis that is not C-contiguous), and the statement reads the copies.
 
-Worked example: LocallyConnected2d's weight gradient, batch 16, 30x30 positions,
+Worked example: a locally connected layer's weight gradient, batch 16, 30x30 positions,
 
     dW[c1,i,j,c2,s,t] += dout[s,t,c2,b] * x[s+i,t+j,c1,b]
 

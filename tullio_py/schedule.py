@@ -223,7 +223,7 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
                 parallel, second = split_choice(order, cands, ranges, tri, guarded_idx)
                 if second is not None and form == "row":
                     # Fused loops are not register-blocked: where a single split loop lets the
-                    # nest block, split that one (LocallyConnected2d's relaid dW[c1,i,j,c2,s,t],
+                    # nest block, split that one (a local layer's relaid dW[c1,i,j,c2,s,t],
                     # c1 of 8 fused with i: 2.8 -> 7.0 ms one-thread vjp unblocked).
                     alone, _ = split_choice(order, cands, ranges, tri, guarded_idx, fuse=False)
                     if jam.jam_choice(eq, tuple(Loop(n, n == alone, n not in eq.lhs_indices)

@@ -201,7 +201,7 @@ def choose(statements, helpers: int, kernels: list, values: dict, params: dict,
 
 def relaid(s: Statement, kernel_for, values: dict, params: dict) -> Statement:
     """`s` reading copies of some arrays with other axis orders, when that turns its loops
-    into register-blocked rows (relayout.py states the rule, on LocallyConnected2d's dW).  The
+    into register-blocked rows (relayout.py states the rule, on a locally connected layer's dW).  The
     local convolution's dW[p,q,i,j,c1,c2] += dout[p-i,q-j,c2,b] * x[p,q,c1,b] (b innermost, 16
     long) reads dout[p-i,q-j,b,c2] instead, and c2 runs in the vector lanes for 4 values of
     c1 at once.  The relaid statement is weighed against BLAS over strided views itself (its

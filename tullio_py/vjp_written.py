@@ -36,7 +36,7 @@ def unzeroed(arrays: list, statements: list, kernel_for, values: dict, params: d
     into an unzeroed array (Array.written), zeroing the elements it never writes
     (Array.zero): the statement writes each element once (`overwrites`; a relaid statement
     runs alone, so it may also sum over reduction indices: each element's whole sum is formed
-    before it is stored, as LocallyConnected2d's dW[c1,i,j,c2,s,t], 4 MB neither zeroed nor
+    before it is stored, as a local layer's dW[c1,i,j,c2,s,t], 4 MB neither zeroed nor
     read back; one shifted on its left runs as its gather, `gather_form`), or its kernel hands
     it whole to BLAS (`whole_blas`).  `arrays_of`: vjp_plan's (what a statement reads)."""
     arrays, statements = list(arrays), list(statements)

@@ -128,8 +128,8 @@ class Expr:
         # (`x[s+i, c1, b, t+j]`, t in the lanes) is passed as an unsigned integer.  It is in
         # the array (>= 0: range inference; a pad() read is a Wrapped slot, checked first);
         # said so, numba does not wrap a negative index around in each lane, which the
-        # compiler could only vectorise as a gather (LocallyConnected2d's dW, one thread:
-        # 1.42 -> 1.01 ms, load 5; a depthwise convolution's dw[c,j] += dy[b,c,i] *
+        # compiler could only vectorise as a gather (a local layer's dW[c1,i,j,c2,s,t], one
+        # thread: 1.42 -> 1.01 ms, load 5; a depthwise convolution's dw[c,j] += dy[b,c,i] *
         # x[b,c,i+j], i innermost, 32x64x256 float32, 2 threads: 1.10 -> 0.18 ms; its dx[b,c,p]
         # += dy[b,c,pad(p-j)] * w[c,j]: 1.28 -> 0.14 ms).
         self.lane_indices: frozenset = frozenset()
