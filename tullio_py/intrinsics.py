@@ -9,6 +9,7 @@ LLVM otherwise avoids on many x86 CPUs): the register-blocked row form (codegen/
 calls it.
 `shifted_rows(buf, lo, stop)` is `buf` seen from row `lo` on: a block's rows of an array
 that lives only in one block of a row group (codegen/rows.py's block-local arrays).
+`call_threads()` is the number of threads numba runs this call's parallel loops on.
 """
 from __future__ import annotations
 
@@ -146,8 +147,10 @@ def prefer_wide(function) -> bool:
 
 
 def __getattr__(name: str):
-    """`wide_vectors` and `shifted_rows`, made on first use (they need numba)."""
-    maker = {"wide_vectors": _wide_vectors, "shifted_rows": _shifted_rows}.get(name)
+    """`wide_vectors`, `shifted_rows` and `call_threads`, made on first use (they need
+    numba)."""
+    maker = {"wide_vectors": _wide_vectors, "shifted_rows": _shifted_rows,
+             "call_threads": _call_threads}.get(name)
     if maker is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name not in _MADE:
@@ -207,3 +210,27 @@ def _shifted_rows():
             return None
         return buf(buf, lo, stop), codegen
     return shifted_rows
+
+
+def _call_threads():
+    """`call_threads()`: numba's thread count for this call (numba.get_num_threads(), which
+    set_num_threads sets per calling thread), read through the threading layer's
+    `get_num_threads` symbol by name, as numba's own parallel loops read it.  (numba's
+    get_num_threads reads it through a ctypes pointer, a dynamic global that keeps the
+    function that calls it out of the disk cache.)"""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+    from numba.np.ufunc.parallel import _launch_threads
+
+    def codegen(context, builder, sig, args):
+        # (declared as numba's parallel loops declare it: an intp result)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+            ir.IntType(types.intp.bitwidth), []), "get_num_threads")
+        return builder.call(fn, [])
+
+    @intrinsic
+    def call_threads(typingctx):
+        _launch_threads()           # (the symbol exists once the threading layer is loaded)
+        return types.intp(), codegen
+    return call_threads

@@ -47,6 +47,9 @@ def module_text(source: Source, target: str) -> str:
         imports = "".join(f"_vm_{n} = _np.{n.split('_')[0]}\n" for n in used)
     else:
         imports = "".join(f"from tullio_py.jit import vm_{n} as _vm_{n}\n" for n in used)
+    if "_nthreads()" in source.text:    # (the threads of this call: numba's count)
+        imports += ("_nthreads = lambda: 1\n" if target == "python" else
+                    "from tullio_py.intrinsics import call_threads as _nthreads\n")
     if "_wide_vectors()" in source.text:
         imports += ("_wide_vectors = lambda: None\n" if target == "python" else
                     "from tullio_py.intrinsics import wide_vectors as _wide_vectors\n")

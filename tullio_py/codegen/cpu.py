@@ -95,7 +95,10 @@ def _scalar(nest: Nest):
     lhs = x.lhs()
     nest.emit_hoists(-1)
     if plan.chunked:
-        nest.open_chunks(f"_part = _np.empty(_nc, _T)" if plan.partial == "scalar" else "")
+        if plan.partial == "scalar":
+            nest.open_chunks("_part = _np.empty(_nc, _T)")
+        else:
+            nest.open_chunks(per_thread=True)
     nest.open_range(range(nleft))
     if nleft == n:
         out.add(f"{lhs} {STORE[eq.assign]} {x.rhs_without_guards()}")
@@ -213,7 +216,7 @@ def _row(nest: Nest):
     alloc = f"_accv = _np.empty(max(_stop_{r} - _start_{r}, 0), _T)"
     nest.emit_hoists(-1)
     if plan.chunked:
-        nest.open_chunks()
+        nest.open_chunks(per_thread=True)
     if not direct and (plan.chunked or nleft == 0):
         out.add(alloc)
     if plan.block and direct:

@@ -120,12 +120,20 @@ class Nest:
         """(depth, loops open): where `close_to` returns to."""
         return self.out.depth, len(self.opened)
 
-    def open_chunks(self, prepare: str = "", least: int = 1):
+    def open_chunks(self, prepare: str = "", least: int = 1, per_thread: bool = False):
         """The outer prange over blocks of the chunked index (block bounds _clo, _chi): CHUNKS
-        blocks, fewer when a block would have fewer than `least` values."""
+        blocks, fewer when a block would have fewer than `least` values.  `per_thread`: one
+        block per thread of the call (numba's count for it), for a split whose blocks do not
+        change the results (no partials: each output element is summed whole in one block).
+        Each block loops over every value of the indices outside the split, so with the
+        contiguous index split, each block reads a slice of every row: the column sum
+        dg[j] += dy[i,j] * (x[i,j] - mu[i]) / sqrt(var[i] + eps), 4096x512 float32, one
+        thread, took 2.5 ms in 16 blocks of 32 values of j (16 passes over dy and x, 128
+        bytes of each 2 KB row a pass) and 0.30 ms in one."""
         v, out = self.plan.chunked, self.out
         n_c = "_n_c" if least == 1 else f"_n_c // {least}"
-        out.add(f"_n_c = max(_stop_{v} - _start_{v}, 0)\n_nc = min({CHUNKS}, max({n_c}, 1))")
+        most = "_nthreads()" if per_thread else CHUNKS
+        out.add(f"_n_c = max(_stop_{v} - _start_{v}, 0)\n_nc = min({most}, max({n_c}, 1))")
         if prepare:
             out.add(prepare)
         out.add("for _c in _prange(_nc):")
