@@ -20,6 +20,7 @@ from plan_variant import run_variant  # noqa: E402
 from reference import evaluate  # noqa: E402
 
 from tullio_py import codegen, jit, kernel, schedule, vjp_run  # noqa: E402
+from tullio_py.kernel import Kernel  # noqa: E402
 from tullio_py.codegen import blocked  # noqa: E402, F401  (the renderer under test)
 from tullio_py.codegen.nest import nonunit_indices  # noqa: E402
 from tullio_py.parse import parse  # noqa: E402
@@ -563,22 +564,57 @@ POOL = kernel("(max) y[b,c,h,v] := x[b,c,2h+i,2v+j]", ranges={"i": 2, "j": 2})
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_row_read_at_a_stride_keeps_a_plain_range_header(dtype):
-    """A 2x2 max-pool's row update reads x at 2v+j, v innermost: its loop is a plain
-    `range(start, stop)` (counted from 0 it ran 6x slower), the values numpy's, NaN included."""
+def test_pool_window_runs_inside_its_strided_index_unrolled(dtype):
+    """A 2x2 max-pool reads x at 2v+j: the window's loops i and j run inside v with constant
+    bounds (schedule._window: the compiler unrolls them, and v's loop loads x as whole vectors),
+    v's loop a plain `range(start, stop)`; the values numpy's, NaN included."""
     x = rnd(3, 4, 10, 14).astype(dtype)
     x[1, 2, 3, 5] = np.nan
     got = POOL(x=x)
     plan = POOL.plan_for({"x": x}, POOL.ranges(x=x), got.dtype, got.shape)[0]
     text = codegen.render(plan).text
-    assert plan.form == "row" and plan.loops[-1].index == "v"
-    assert "for v_ in range(" in text and "for _k in range(" not in text, text
+    order = [l.index for l in plan.loops]
+    assert plan.form == "scalar" and order[-3:] == ["v", "i", "j"], order
+    assert plan.fixed == (("i", 0, 2), ("j", 0, 2)) and plan.lanes == 0, plan
+    assert "for v_ in range(_start_v_, _stop_v_):" in text, text
     want = x.reshape(3, 4, 5, 2, 7, 2).max(axis=(3, 5))
     np.testing.assert_array_equal(got, want)
     assert np.isnan(got[1, 2, 1, 2]) and np.isnan(got).sum() == 1
     # its argmax helper chooses with where: counted from 0 (measured faster there)
     helper = parse(POOL.gradient_equations["x"][0])
     assert nonunit_indices([POOL.equation]) == {"h", "v"} and nonunit_indices([helper]) == set()
+
+
+@pytest.mark.parametrize("text,shape", [
+    ("y[b,c,h,v] := x[b,c,2h+i,2v+j] / 4", (4, 8, 62, 66)),          # average pool
+    ("y[b,c,v] := x[b,c,2v+j] * w[c,j]", (8, 16, 301)),              # strided depthwise conv
+    ("(min) y[b,c,h,v] := x[b,c,3h+i,3v+j]", (4, 8, 62, 66)),         # 3x3 window, stride 3
+])
+def test_window_form_gives_the_bits_of_the_row_form(text, shape, monkeypatch):
+    """A short window read at a stride in the contiguous index runs inside that index
+    (schedule._window); without that rule the statement runs in the row form.  A (max) or
+    (min) gives the same bits in both, NaN included; a sum the same to rounding (the compiler
+    may reassociate the unrolled window's sum)."""
+    x = rnd(*shape)
+    x[(0,) * len(shape)] = np.nan
+    ranges = {"i": 3, "j": 3} if "3h" in text else {"i": 2, "j": 2} if "h" in text else {"j": 2}
+    arrays = {"x": x, "w": rnd(shape[1], 2)} if "w[" in text else {"x": x}
+    fast = Kernel(text, ranges=ranges)
+    got = fast(**arrays)
+    plan = fast.plan_for(arrays, fast.ranges(**arrays), got.dtype, got.shape)[0]
+    red = [l.index for l in plan.loops if l.reduction]
+    assert plan.form == "scalar" and [f[0] for f in plan.fixed] == red, plan
+    inside = plan.loops[-1 - len(red)]           # the strided index, just outside the window
+    assert inside.index == "v" and not inside.parallel, plan.loops
+    monkeypatch.setattr(schedule, "_window", lambda *a: False)
+    rows = Kernel(text, ranges=ranges)
+    assert rows.plan_for(arrays, rows.ranges(**arrays), got.dtype, got.shape)[0].form == "row"
+    want = rows(**arrays)
+    if text.startswith("(min)"):
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+    assert np.isnan(got.flat[0]) and np.isnan(got).sum() == 1
 
 
 # A convolution's weight gradient with the channel in the lanes (relayout's short-row scratch):
