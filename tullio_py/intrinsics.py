@@ -217,7 +217,8 @@ def _call_threads():
     set_num_threads sets per calling thread), read through the threading layer's
     `get_num_threads` symbol by name, as numba's own parallel loops read it.  (numba's
     get_num_threads reads it through a ctypes pointer, a dynamic global that keeps the
-    function that calls it out of the disk cache.)"""
+    function that calls it out of the disk cache; numba's parfors read the symbol through a
+    private intrinsic of the same code, not part of its API, hence this one.)"""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic

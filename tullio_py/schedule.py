@@ -197,7 +197,7 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
     red = [n for n in eq.indices if n not in left]
     best = innermost(eq, ranges, layouts, sizes)
     form, row = "scalar", None
-    # (its loops unrolled where the kernel is large: constant bounds compile per extent)
+    # (not on the serial plan Kernel.source renders for reading, as the short-loop rule below)
     window = (threads is not False and not scatter and best in left and bool(red)
               and _window(eq, best, red, ranges))
     if scatter:
@@ -283,10 +283,9 @@ def plan(eq: Equation, ranges: dict[str, range], out_dtype: str, threads=True,
     loops = tuple(Loop(n, n == parallel, n not in eq.lhs_indices) for n in order)
     fixed = ()
     inner = order[-1] if order else None
-    if window:
+    if window:          # every loop of the window, not only the innermost
         fixed = tuple((n, ranges[n].start, ranges[n].stop) for n in red)
-        inner = None
-    if (inner is not None and threads is not False and form == "scalar" and inner in red
+    elif (inner is not None and threads is not False and form == "scalar" and inner in red
             and len(ranges[inner]) <= SHORT_LOOP and inner != chunked and inner not in collapse):
         # A short innermost reduction loop with constant bounds: the compiler unrolls it
         # (local convolution dW: 2.9 ms instead of 4.3 ms; one compile per distinct short
