@@ -99,6 +99,57 @@ def test_kernel_call_runs_relaid_like_numpy_and_its_plain_loops(order, dtype, mo
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+def test_a_relaid_call_is_replayed_with_the_arrays_of_each_call(monkeypatch):
+    """The fast path remembers a call that ran on relaid copies: later calls with the same
+    signature run the copies and the moved loops again on their own arrays (no binding, no
+    relayout choice: `choose` is not asked again), accumulate into the given dW, and give
+    the same bits as a kernel that runs every call in full."""
+    x, dout, dW = _layer_arrays()
+    k = kernel(LAYER_DW)
+    k(x=x, dout=dout, dW=dW.copy())                 # remembered
+    known = len(k.call_cache.entries)
+    asked = []
+    choose = relayout.choose
+    monkeypatch.setattr(relayout, "choose", lambda *a, **o: asked.append(1) or choose(*a, **o))
+    for seed in (2, 3):
+        x2, dout2 = rnd(*x.shape, seed=seed), rnd(*dout.shape, seed=seed + 10)
+        acc = dW.copy()
+        assert k(x=x2, dout=dout2, dW=acc) is acc
+        assert k(x=x2, dout=dout2, dW=acc) is acc   # += twice
+        assert not asked                            # replayed, not chosen again
+        want = k._call_full({"x": x2, "dout": dout2, "dW": dW.copy()})
+        want = k._call_full({"x": x2, "dout": dout2, "dW": want})
+        asked.clear()                               # (the full calls chose)
+        assert np.array_equal(acc, want)
+        np.testing.assert_allclose(acc, 2 * _layer_numpy(x2, dout2), rtol=1e-4, atol=1e-4)
+    assert len(k.call_cache.entries) == known
+
+
+def test_a_relaid_replay_gives_up_where_an_input_meets_the_output():
+    """An input that shares memory with the in-place output: the replay hands the call to
+    the full path, which reads a snapshot (the same numbers as on separate arrays)."""
+    k = kernel("dA[i,j] += dC[i,k] * B[j,k]", blas=False)
+    dC, B = rnd(37, 37), rnd(37, 37, seed=1)
+    k(dC=dC, B=B, dA=np.zeros((37, 37), np.float32))      # remembered
+    dA = rnd(37, 37, seed=2)
+    want = dA.astype(np.float64) + dC.astype(np.float64) @ dA.T.astype(np.float64)
+    got = k(dC=dC, B=dA, dA=dA)                           # B is dA
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_relaid_replay_allocates_a_new_output_each_call():
+    k = kernel("C[i,j] := A[i,k] * B[j,k]", blas=False)
+    A, B = rnd(40, 33), rnd(50, 33, seed=1)
+    assert "copy of B with axes (1, 0)" in k.explain(A=A, B=B).detail
+    first = k(A=A, B=B)
+    second = k(A=A, B=B)
+    assert first is not second and np.array_equal(first, second)
+    A2 = rnd(40, 33, seed=5)
+    np.testing.assert_allclose(k(A=A2, B=B), A2.astype(np.float64) @ B.T.astype(np.float64),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(first, second)          # an earlier output left alone
+
+
 def test_explain_names_the_copies():
     k = kernel(LAYER_DW)
     x, dout, dW = _layer_arrays(S=32, T=32, C1=8, C2=16, B=16)

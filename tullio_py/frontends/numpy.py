@@ -7,8 +7,8 @@ launch:   BLAS through numpy for a pure contraction worth it (blas.py), strided-
           when the cost model says so (blas_shift.py), the compiled loops of a moved
           statement on relaid copies of some reads when relayout.py's rule says so, else the
           compiled loops of `Kernel.prepare` on the `threads` the kernel asks for.
-A call that ran the loops as they stand is remembered by the kernel's fast path (callpath.py),
-which replays later calls of the same signature without coming here.  `run_with_ranges` runs a statement
+A call that ran the loops, as they stand or on relaid copies, is remembered by the kernel's
+fast path (callpath.py), which replays later calls of the same signature without coming here.  `run_with_ranges` runs a statement
 over given ranges instead of inferred ones (the gradient side and dask blocks).
 """
 from __future__ import annotations
@@ -48,16 +48,22 @@ def call(kernel, arrays: dict):
                memory.empty(b.shape, b.dtype))
     else:
         out = arrays[eq.output]
-    if run_relaid(kernel, arrays, rng, out)[0]:
-        return out          # (not remembered: a replay would read the copies of this call)
+    # the fast path's key holds `ext`: a call with that key must be safe whatever it reads
+    safe = b.read == b.extrema or (binding.check_gathers(eq, arrays, b.extrema, raises=False)
+                                   and not (eq.assign == ":=" and any(
+                                       isinstance(s, Gather) for s in eq.lhs.indices)))
+    got = relaid(kernel, arrays, rng, out)
+    if got is not None:
+        run = relaid_runner(kernel, *got)
+        run(arrays, out)
+        if safe:
+            kernel.call_cache.remember_relaid(kernel, given, collected, run, out, b.fill)
+        return out
     prepared, call_ranges, extra_params = kernel.prepare(arrays, rng, b.dtype, out.shape)
     args = arguments(prepared, arrays, out, call_ranges, extra_params)
     launch(kernel, prepared, args)
     kernel.last = prepared
-    # the fast path's key holds `ext`: a call with that key must be safe whatever it reads
-    if b.read == b.extrema or (binding.check_gathers(eq, arrays, b.extrema, raises=False)
-                               and not (eq.assign == ":=" and any(
-                                   isinstance(s, Gather) for s in eq.lhs.indices))):
+    if safe:
         kernel.call_cache.remember(kernel, given, collected, prepared, args, out, b.fill)
     return out
 
@@ -120,17 +126,28 @@ def run_relaid(kernel, arrays: dict, rng: dict, out: np.ndarray):
     got = relaid(kernel, arrays, rng, out)
     if got is None:
         return False, None
-    order, moved, rng = got
+    return True, relaid_runner(kernel, *got)(arrays, out)
+
+
+def relaid_runner(kernel, order, moved, rng):
+    """run(arrays, out): the call as relayout.choose's moved statement `moved` (over `rng`)
+    on copies of the arrays in `order`, into `out`; returns (prepared, ranges, bound
+    parameters) of what ran.  What it does depends only on the call's signature, so the
+    fast path replays it (callpath.remember_relaid) with the arrays of a later call."""
     mk = kernel.kernel_for(moved)
     mk.relaid_reads = tuple(order.items())      # (what it reads, for gradient_code)
-    threads = shift_threads(kernel)
-    copies = relayout.copies(arrays, order, threads=threads)
-    dest = relayout.scratch(order, kernel.equation.output, out)
-    prepared, call_ranges, extra = mk.prepare(copies, rng, dest.dtype, dest.shape)
-    launch(mk, prepared, arguments(prepared, copies, dest, call_ranges, extra))
-    relayout.take(order, kernel.equation, out, dest, threads)
-    kernel.last = mk.last = prepared
-    return True, (prepared, call_ranges, extra)
+    eq = kernel.equation
+
+    def run(arrays: dict, out: np.ndarray):
+        threads = shift_threads(kernel)
+        copies = relayout.copies(arrays, order, threads=threads)
+        dest = relayout.scratch(order, eq.output, out)
+        prepared, call_ranges, extra = mk.prepare(copies, rng, dest.dtype, dest.shape)
+        launch(mk, prepared, arguments(prepared, copies, dest, call_ranges, extra))
+        relayout.take(order, eq, out, dest, threads)
+        kernel.last = mk.last = prepared
+        return prepared, call_ranges, extra
+    return run
 
 
 def uses_blas(kernel, arrays: dict, rng: dict, out: np.ndarray) -> bool:
