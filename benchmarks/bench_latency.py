@@ -19,6 +19,9 @@ cache directory.  Run:  python benchmarks/bench_latency.py [--repeat 3] [--json 
 - overhead:     microseconds per call on 4x4 float64 and float32 matmuls: kernel call, tullio(),
                 the bare numba function, np.einsum and torch.einsum on the same arrays, and the
                 ratios of the kernel call and tullio() to numpy's A @ B.
+- relaid:       milliseconds per call of a statement that runs on relaid copies (a locally
+                connected layer's dW, 30x30 positions, `+=`, one thread): the call, its
+                compiled loops alone, and the rest (the copies, Python).
 """
 from __future__ import annotations
 
@@ -113,6 +116,30 @@ try:
 except ImportError:
     pass
 print(json.dumps(res))
+"""
+
+# A statement that runs on relaid copies (relayout.py): a locally connected layer's dW called
+# on its own with `+=`, one thread: the call, and the compiled loops alone inside it.
+RELAID = """
+import json, time
+import numpy as np
+from tullio_py import kernel, threads
+rng = np.random.default_rng(0)
+x = rng.random((32, 32, 8, 16), dtype=np.float32)
+dout = rng.random((30, 30, 16, 16), dtype=np.float32)
+dW = np.zeros((30, 30, 3, 3, 8, 16), np.float32)
+k = kernel("dW[s,t,i,j,c1,c2] += dout[s,t,c2,b] * x[s+i,t+j,c1,b]", threads=1)
+k(dout=dout, x=x, dW=dW)
+assert "copy of dout" in k.explain(dout=dout, x=x, dW=dW).detail
+loops, calls = [], []
+run = threads._run
+def timed(fn, args, n):
+    t = time.perf_counter(); run(fn, args, n); loops.append(time.perf_counter() - t)
+threads._run = timed
+for _ in range(200):
+    t = time.perf_counter(); k(dout=dout, x=x, dW=dW); calls.append(time.perf_counter() - t)
+c, l = float(np.median(calls)) * 1e3, float(np.median(loops)) * 1e3
+print(json.dumps({"kernel call": c, "its loops": l, "the rest": c - l}))
 """
 
 SMALL_FIRST = """
@@ -216,6 +243,9 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             r[f"per-call overhead, 4x4 {dtype} matmul [us]"] = run(
                 OVERHEAD.replace("DTYPE", f"np.{dtype}"), d)
+    with tempfile.TemporaryDirectory() as d:
+        run(RELAID, d)                                  # (compiles into d)
+        r["per call, a statement on relaid copies (LC2d dW +=, 1 thread) [ms]"] = run(RELAID, d)
     r["jit.stats of the last cold/warm pair"] = stats
     print(json.dumps(r, indent=2))
     if a.json:
