@@ -7,8 +7,9 @@ For every statement (the forward statements of bench_layers.py and bench_suite.p
 statement of `Kernel.gradient_kernels()`, the gradient equations tullio_py prints): the path
 that runs (BLAS, BLAS over strided views, generated loops and their form), the measured time,
 and the fraction of the machine's limit max(FLOPs / sgemm peak, bytes / copy bandwidth) / time,
-with the peak and bandwidth `explain.limits(refresh=True)` measures at the start (the stored
-limits are the best measured so far: run this on a quiet machine).  Statements under 25 % are
+with the peak and bandwidth on the threads the statements run on (`--threads`: one core's limit
+for one thread) that `explain.limits(refresh=True)` measures at the start (the stored limits
+are the best measured so far: run this on a quiet machine).  Statements under 25 % are
 marked.  Gradient statements are timed one at a time here; `Kernel.vjp` may fuse them into one
 nest.  Writes benchmarks/results/bench_limits.json.
 """
@@ -68,9 +69,9 @@ def measure(threads: int) -> list[dict]:
     from tullio_py import kernel
     from tullio_py.explain import limits
 
-    peak, bw = limits(refresh=True)      # measured again now: can only raise the stored limits
-    print(f"machine limits: {peak / 1e9:.0f} GFLOP/s sgemm, {bw / 1e9:.1f} GB/s copy "
-          f"(the best measured, explain.limits)")
+    peak, bw = limits(refresh=True, threads=threads)   # again now: can only raise the stored
+    print(f"machine limits on {threads} thread{'s' * (threads > 1)}: {peak / 1e9:.0f} GFLOP/s "
+          f"sgemm, {bw / 1e9:.1f} GB/s copy (the best measured, explain.limits)")
     rng = np.random.default_rng(0)
     rows = []
     for layer, text, shapes in STATEMENTS:

@@ -13,6 +13,7 @@ an OpenBLAS without it, `available()` is False and blas_shift keeps one thread o
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -63,6 +64,20 @@ def single(f, *args):
     old = _set_local(1)
     try:
         return f(*args)
+    finally:
+        _set_local(old)
+
+
+@contextlib.contextmanager
+def gemm_threads(n: int):
+    """numpy's gemms on n threads inside the block, OpenBLAS's setting restored after; where it
+    cannot be set (`available()` False) BLAS keeps its own count."""
+    if not available():
+        yield
+        return
+    old = _set_local(n)
+    try:
+        yield
     finally:
         _set_local(old)
 

@@ -6,9 +6,13 @@ strided views with its plan, or the generated loops with their order and threadi
 statement's FLOPs (operations of the right-hand side per index tuple) and bytes (arrays read,
 output written), the measured time (median of a few calls; in-place outputs are updated on a
 copy), and the fraction of the machine's limit reached: the larger of FLOPs / sgemm peak and
-bytes / copy bandwidth, over the time.  The peak and the bandwidth are measured (a float32 1024
-matmul and a 64 MB copy, on all threads) and stored in the tullio_py cache directory; the
-stored value is the best measured so far (`limits`).
+bytes / copy bandwidth, over the time.  The limit is that of the threads the call runs on (one
+for serial loops, the split loops' count, BLAS's own threads for BLAS): a call on one thread of
+a two-core machine is measured against one core, not against both.  The peak and the
+bandwidth are measured on that many threads (a float32 1024 matmul with numpy's BLAS set to
+that many threads, and a 64 MB copy in as many slabs, one per thread) and stored in the
+tullio_py cache directory per thread count; the stored value is the best measured so far
+(`limits`).
 """
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ class Explanation:
     flops: int
     bytes: int
     seconds: float
-    peak_flops: float     # float32 sgemm flop/s of this machine
-    bandwidth: float      # copy bytes/s of this machine
+    peak_flops: float     # float32 sgemm flop/s of this machine on limit_threads threads
+    bandwidth: float      # copy bytes/s of this machine on limit_threads threads
+    limit_threads: int = 1    # the threads the call runs on
 
     @property
     def fraction(self) -> float:
@@ -45,8 +50,9 @@ class Explanation:
                 f"work: {self.flops:.4g} flop, {self.bytes:.4g} bytes\n"
                 f"time: {self.seconds * 1e3:.3f} ms ({self.flops / self.seconds / 1e9:.2f} "
                 f"GFLOP/s, {self.bytes / self.seconds / 1e9:.2f} GB/s)\n"
-                f"machine: {self.peak_flops / 1e9:.0f} GFLOP/s sgemm, "
-                f"{self.bandwidth / 1e9:.1f} GB/s copy -> {self.fraction:.1%} of the limit")
+                f"machine on {self.limit_threads} thread{'s' * (self.limit_threads > 1)}: "
+                f"{self.peak_flops / 1e9:.0f} GFLOP/s sgemm, {self.bandwidth / 1e9:.1f} GB/s "
+                f"copy -> {self.fraction:.1%} of the limit")
 
 
 def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
@@ -61,6 +67,8 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
                "BLAS's own threads" if path != "loops" else
                f"{n or jit.max_threads()} (numba prange, {jit.pool()})"
                if "parallel" in detail else "1")
+    used = (shared if shared > 1 else jit.max_threads() if path != "loops" else
+            (n or jit.max_threads()) if "parallel" in detail else 1)
     tuples = 1
     for r in rng.values():
         tuples *= len(r)
@@ -70,8 +78,8 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
                  if isinstance(collected[a], np.ndarray))
     nbytes += int(np.prod(shape)) * dtype.itemsize * (2 if out is not None else 1)
     seconds = _time(k, arrays, repeat)
-    peak, bw = limits()
-    return Explanation(path, detail, threads, int(flops), int(nbytes), seconds, peak, bw)
+    peak, bw = limits(threads=used)
+    return Explanation(path, detail, threads, int(flops), int(nbytes), seconds, peak, bw, used)
 
 
 def _path(k, arrays, rng, out, shape, dtype):
@@ -135,12 +143,13 @@ def _time(k, arrays: dict, repeat: int) -> float:
     return float(np.median(_times(call, repeat)))
 
 
-_LIMITS = memo.Memo("explain.limits", 1)
+_LIMITS = memo.Memo("explain.limits", 16)     # thread count -> limits
 
 
-def limits(refresh: bool = False) -> tuple[float, float]:
-    """(sgemm flop/s, copy bytes/s) of this machine: the best measured so far, cached in memory
-    and on disk.
+def limits(refresh: bool = False, threads: int | None = None) -> tuple[float, float]:
+    """(sgemm flop/s, copy bytes/s) of this machine on `threads` threads (None: numba's
+    count, all of them by default): the best measured so far, cached in memory and on disk
+    per thread count.
 
     A measurement taken while other processes share the cores comes out low (on a 2-core
     machine at load 8, 63 GFLOP/s instead of 360), and every fraction computed from it comes
@@ -148,13 +157,14 @@ def limits(refresh: bool = False) -> tuple[float, float]:
     maximum over measurements: `refresh=True` (benchmarks/bench_limits.py does this) measures
     again and can only raise it.
     """
-    key = ("machine limits", 1)
+    n = max(1, int(threads or jit.max_threads()))
+    key = ("machine limits", 2, n)
     got = _LIMITS.get(key)
     if got is not None and not refresh:
         return got
     stored = cache.load_pickle(key)
     if stored is None or refresh:
-        new = _measure()
+        new = _measure(n)
         got = new if stored is None else (max(stored[0], new[0]), max(stored[1], new[1]))
         cache.store_pickle(key, got)
     else:
@@ -163,12 +173,19 @@ def limits(refresh: bool = False) -> tuple[float, float]:
     return got
 
 
-def _measure() -> tuple[float, float]:
+def _measure(threads: int) -> tuple[float, float]:
+    """sgemm flop/s with numpy's BLAS on `threads` threads (OpenBLAS's setting, blas_threads.py;
+    where it cannot be set, on BLAS's own count), and the bytes/s of a 64 MB copy made in
+    `threads` slabs at once (numpy's copy releases the GIL)."""
+    from . import blas_threads
     rng = np.random.default_rng(0)
     a = rng.random((1024, 1024), dtype=np.float32)
     b = rng.random((8 << 20,))        # 64 MB
     c = np.empty_like(b)
-
-    peak = 2 * 1024 ** 3 / min(_times(lambda: lambda: a @ a, 5))
-    bw = 2 * b.nbytes / min(_times(lambda: lambda: np.copyto(c, b), 5))
+    cut = [len(b) * k // threads for k in range(threads + 1)]
+    slabs = [lambda lo=lo, hi=hi: np.copyto(c[lo:hi], b[lo:hi]) for lo, hi in zip(cut, cut[1:])]
+    with blas_threads.gemm_threads(threads):
+        peak = 2 * 1024 ** 3 / min(_times(lambda: lambda: a @ a, 5))
+    copy = (lambda: slabs[0]()) if threads == 1 else (lambda: blas_threads.run(slabs, threads))
+    bw = 2 * b.nbytes / min(_times(lambda: copy, 5))
     return float(peak), float(bw)
