@@ -11,7 +11,7 @@ with the peak and bandwidth on the threads the statements run on (`--threads`: o
 for one thread) that `explain.limits(refresh=True)` measures at the start (the stored limits
 are the best measured so far: run this on a quiet machine).  Statements under 25 % are
 marked.  Gradient statements are timed one at a time here; `Kernel.vjp` may fuse them into one
-nest.  Writes benchmarks/results/bench_limits.json.
+nest.  Writes benchmarks/results/bench_limits.json (bench_limits_<tag>.json with --tag).
 """
 from __future__ import annotations
 
@@ -112,13 +112,14 @@ def _row(layer, role, text, k, arrays):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tag", default="", help="write bench_limits_<tag>.json")
     args = ap.parse_args()
     for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ.setdefault(v, str(args.threads))
     sys.path.insert(0, os.path.join(HERE, ".."))
     rows, machine = measure(args.threads)
     os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "bench_limits.json")
+    path = os.path.join(RESULTS, f"bench_limits{'_' + args.tag if args.tag else ''}.json")
     with open(path, "w") as f:
         json.dump({"threads": args.threads, "load_average": os.getloadavg(), **machine,
                    "rows": rows}, f,
