@@ -8,8 +8,9 @@ launch:   BLAS through numpy for a pure contraction worth it (blas.py), strided-
           statement on relaid copies of some reads when relayout.py's rule says so, else the
           compiled loops of `Kernel.prepare` on the `threads` the kernel asks for.
 A call that ran the loops, as they stand or on relaid copies, is remembered by the kernel's
-fast path (callpath.py), which replays later calls of the same signature without coming here.  `run_with_ranges` runs a statement
-over given ranges instead of inferred ones (the gradient side and dask blocks).
+fast path (callpath.py), which replays later calls of the same signature without coming here.
+`run_with_ranges` runs a statement over given ranges instead of inferred ones (the gradient
+side and dask blocks).
 """
 from __future__ import annotations
 
@@ -48,22 +49,25 @@ def call(kernel, arrays: dict):
                memory.empty(b.shape, b.dtype))
     else:
         out = arrays[eq.output]
-    # the fast path's key holds `ext`: a call with that key must be safe whatever it reads
-    safe = b.read == b.extrema or (binding.check_gathers(eq, arrays, b.extrema, raises=False)
-                                   and not (eq.assign == ":=" and any(
-                                       isinstance(s, Gather) for s in eq.lhs.indices)))
+
+    # remembered only where any call with this key is safe: the fast path's key holds `ext`,
+    # not the index values themselves (asked after the run, as the key is built)
+    def safe():
+        return b.read == b.extrema or (binding.check_gathers(eq, arrays, b.extrema, raises=False)
+                                       and not (eq.assign == ":=" and any(
+                                           isinstance(s, Gather) for s in eq.lhs.indices)))
     got = relaid(kernel, arrays, rng, out)
     if got is not None:
         run = relaid_runner(kernel, *got)
         run(arrays, out)
-        if safe:
+        if safe():
             kernel.call_cache.remember_relaid(kernel, given, collected, run, out, b.fill)
         return out
     prepared, call_ranges, extra_params = kernel.prepare(arrays, rng, b.dtype, out.shape)
     args = arguments(prepared, arrays, out, call_ranges, extra_params)
     launch(kernel, prepared, args)
     kernel.last = prepared
-    if safe:
+    if safe():
         kernel.call_cache.remember(kernel, given, collected, prepared, args, out, b.fill)
     return out
 
