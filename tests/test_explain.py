@@ -43,3 +43,59 @@ def test_the_measured_limits_are_positive_on_each_thread_count():
     for n in (1, 2):
         peak, bw = explain._measure(n)
         assert peak > 1e8 and bw > 1e8
+
+
+SOFTMAX = """(max) m[i] := x[i,j]
+             e[i,j] := exp(x[i,j] - m[i])
+             z[i] := e[i,j]
+             y[i,j] := e[i,j] / z[i]"""
+
+
+def test_a_chain_explains_its_row_group_and_counts_its_work():
+    """The softmax as a chain: one pass over blocks of rows with m, e, z in per-thread
+    buffers; its FLOPs are its statements' (each counted by its own Kernel's explain on the
+    arrays it reads), its bytes x read and y written; the time is a call's."""
+    import numpy as np
+    from tullio_py import kernel
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((301, 67)).astype(np.float32)
+    sm = kernel(SOFTMAX, nograd=("m",))
+    e = sm.explain(x=x)
+    assert e.path == "chain"
+    assert e.detail.startswith("statements 1-4 (m, e, z, y): one ")
+    assert "rows of i; m, e, z in per-thread buffers" in e.detail
+    ns = sm.run(x=x)
+    own = [kernel(t).explain(**{n: ns[n] for n in p.reads})
+           for t, p in zip(sm.statements, sm.spec.parts)]
+    assert e.flops == sum(o.flops for o in own)
+    assert e.bytes == 2 * x.nbytes
+    assert e.seconds > 0 and 0 < e.fraction and e.limit_threads >= 1
+
+
+def test_a_chain_explains_statements_on_their_own_paths():
+    """A contraction BLAS takes runs on its own Kernel's path (and its temporary reaches
+    memory: written and read once); with fuse=False every statement is on its own."""
+    import numpy as np
+    from tullio_py import kernel
+    rng = np.random.default_rng(2)
+    A, B = rng.random((200, 150)).astype(np.float32), rng.random((150, 180)).astype(np.float32)
+    c = kernel("t[i,k] := A[i,j] * B[j,k]; y[i,k] := t[i,k] * 2")
+    e = c.explain(A=A, B=B)
+    assert "statement 1 (t): pure contraction over whole arrays: einsum" in e.detail
+    assert "statement 2 (y): generated loops" in e.detail
+    t = np.zeros((200, 180), np.float32)
+    assert e.bytes == A.nbytes + B.nbytes + t.nbytes + 2 * t.nbytes
+    x = rng.random((64, 33)).astype(np.float32)
+    e = kernel("t[i] := x[i,j]; y[i,j] := x[i,j] / t[i]", fuse=False).explain(x=x)
+    assert e.detail.startswith("statement 1 (t): generated loops") and "statement 2 (y)" in e.detail
+
+
+def test_chain_explain_checks_its_arguments():
+    import numpy as np
+    import pytest
+    from tullio_py import ArgumentError, kernel
+    sm = kernel(SOFTMAX, nograd=("m",))
+    with pytest.raises(ArgumentError, match="missing"):
+        sm.explain()
+    with pytest.raises(ArgumentError, match="defined by statement 2"):
+        sm.explain(x=np.ones((3, 4)), e=np.ones((3, 4)))

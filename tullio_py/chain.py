@@ -114,6 +114,16 @@ class Chain:
         finally:
             scratch.pool.give(temps)
 
+    def explain(self, /, **arrays):
+        """How a call with these numpy arrays runs, step by step (row groups, statements on
+        their own Kernels' paths), its FLOPs and bytes, the measured time and the fraction of
+        the machine's limit (explain.explain_chain)."""
+        self.check_inputs(arrays)
+        if not all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values()):
+            raise ArgumentError("Chain.explain takes numpy arrays and scalars", self.text, None)
+        from .explain import explain_chain
+        return explain_chain(self, arrays)
+
     def check_inputs(self, arrays: dict) -> None:
         spec = self.spec
         for n in arrays:
