@@ -99,3 +99,28 @@ def test_chain_explain_checks_its_arguments():
         sm.explain()
     with pytest.raises(ArgumentError, match="defined by statement 2"):
         sm.explain(x=np.ones((3, 4)), e=np.ones((3, 4)))
+
+
+def test_verbose_2_prints_the_path_once_per_call_signature(capsys):
+    """verbose=2: the first call of each signature says which path it takes (loops with their
+    order, or BLAS), in explain's words; a repeated signature says nothing more."""
+    import numpy as np
+    from tullio_py import kernel
+    rng = np.random.default_rng(3)
+    k = kernel("C[i,k] := A[i,j] * B[j,k]", verbose=2, blas=False)
+    capsys.readouterr()
+    A, B = rng.random((40, 30)).astype(np.float32), rng.random((30, 20)).astype(np.float32)
+    for _ in range(3):
+        k(A=A, B=B)
+    said = [line for line in capsys.readouterr().out.splitlines() if "threads:" in line]
+    assert len(said) == 1 and "loops: generated loops, order" in said[0]
+    k(A=rng.random((8, 30)), B=rng.random((30, 20)))        # a new signature (float64)
+    said = [line for line in capsys.readouterr().out.splitlines() if "threads:" in line]
+    assert len(said) == 1
+    b = kernel("C[i,k] := A[i,j] * B[j,k]", verbose=2)
+    A, B = rng.random((300, 300)).astype(np.float32), rng.random((300, 300)).astype(np.float32)
+    capsys.readouterr()
+    b(A=A, B=B)
+    b(A=A, B=B)
+    said = [line for line in capsys.readouterr().out.splitlines() if "threads:" in line]
+    assert len(said) == 1 and "blas: pure contraction" in said[0]

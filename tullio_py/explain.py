@@ -57,18 +57,9 @@ class Explanation:
 
 def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     eq = k.equation
-    b = binding.bind(eq, k.options, dict(arrays))
+    b, path, detail, threads, used = _described(k, arrays)
     collected, rng, dtype, shape = b.arrays, b.ranges, b.dtype, b.shape
     out = collected.get(eq.output) if eq.assign != ":=" else None
-    path, detail, shared = _path(k, collected, rng, out, shape, dtype)
-    from . import schedule
-    n = schedule.thread_count(k.threads, jit.max_threads())
-    threads = (f"{shared} Python threads, single-threaded gemms" if shared > 1 else
-               "BLAS's own threads" if path != "loops" else
-               f"{n or jit.max_threads()} (numba prange, {jit.pool()})"
-               if "parallel" in detail else "1")
-    used = (shared if shared > 1 else jit.max_threads() if path != "loops" else
-            (n or jit.max_threads()) if "parallel" in detail else 1)
     flops = _flops(eq, rng)
     nbytes = sum(collected[a].nbytes for a in dict.fromkeys(eq.arrays)
                  if isinstance(collected[a], np.ndarray))
@@ -76,6 +67,45 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     seconds = _time(k, arrays, repeat)
     peak, bw = limits(threads=used)
     return Explanation(path, detail, threads, int(flops), int(nbytes), seconds, peak, bw, used)
+
+
+def describe(k, arrays: dict) -> str:
+    """The path a call of Kernel `k` with these arrays takes and its threads, in words
+    (explain's, without running or timing it): what `verbose=2` prints for each new call
+    signature."""
+    _, path, detail, threads, _ = _described(k, arrays)
+    return f"{path}: {detail}; threads: {threads}"
+
+
+def report_path(k, arrays: dict) -> None:
+    """verbose=2: print the path a numpy call of Kernel `k` takes (`describe`), once per call
+    signature (`k.described`; replayed calls do not come here, BLAS calls do every time)."""
+    from .signature import CallSignature
+    try:
+        b = binding.bind(k.equation, k.options, dict(arrays))
+    except Exception:       # (the call itself reports bad arguments)
+        return
+    key = CallSignature.of(b.arrays, b.ranges, b.dtype, b.shape)
+    if key not in k.described:
+        k.described.add(key)
+        print(f"tullio_py: {k.equation}: {describe(k, arrays)}")
+
+
+def _described(k, arrays: dict):
+    """(the binding, path, detail, threads in words, thread count) of a call."""
+    from . import schedule
+    eq = k.equation
+    b = binding.bind(eq, k.options, dict(arrays))
+    out = b.arrays.get(eq.output) if eq.assign != ":=" else None
+    path, detail, shared = _path(k, b.arrays, b.ranges, out, b.shape, b.dtype)
+    n = schedule.thread_count(k.threads, jit.max_threads())
+    threads = (f"{shared} Python threads, single-threaded gemms" if shared > 1 else
+               "BLAS's own threads" if path != "loops" else
+               f"{n or jit.max_threads()} (numba prange, {jit.pool()})"
+               if "parallel" in detail else "1")
+    used = (shared if shared > 1 else jit.max_threads() if path != "loops" else
+            (n or jit.max_threads()) if "parallel" in detail else 1)
+    return b, path, detail, threads, used
 
 
 def _flops(eq, rng: dict) -> int:

@@ -79,6 +79,7 @@ class Kernel:
         self._calls = callpath.CallCache(self.equation, threads, self._use_replay,
                                          _tape.current_fast)
         self._replay = self._calls.call     # the fast call path (its newest function)
+        self.described: set = set()         # call signatures verbose=2 has described
         # Pure contractions go to BLAS through numpy when large (blas.py); blas=False: loops.
         self._blas = (_blas.contraction(self.equation)
                       if options.blas and target in ("auto", "cpu") and not self.given else None)
@@ -126,6 +127,9 @@ class Kernel:
             tape = _tape.current()          # inside `with Tape()`: record, then run untaped
             if tape is not None:
                 return tape.run(self, arrays)
+        if self.verbose >= 2 and frontend.__name__.endswith(".numpy"):
+            from .explain import report_path        # the path of a new call signature
+            report_path(self, arrays)
         return frontend.call(self, arrays)
 
     def _use_replay(self, fn, method=None):
