@@ -37,12 +37,17 @@ def test_limits_are_kept_per_thread_count(monkeypatch, tmp_path):
     explain._LIMITS.clear()
 
 
-def test_the_measured_limits_are_positive_on_each_thread_count():
+def test_the_measured_limits_are_positive_on_each_thread_count(monkeypatch):
     """The measurement itself (not replaced): a 1024 sgemm and a 64 MB copy, on one thread
-    and on two."""
+    and on two; also where numpy's BLAS thread count cannot be set (another BLAS)."""
+    from tullio_py import blas_threads
     for n in (1, 2):
         peak, bw = explain._measure(n)
         assert peak > 1e8 and bw > 1e8
+    monkeypatch.setattr(blas_threads, "available", lambda: False)
+    monkeypatch.setattr(blas_threads, "_set_local", None)
+    peak, bw = explain._measure(2)
+    assert peak > 1e8 and bw > 1e8
 
 
 SOFTMAX = """(max) m[i] := x[i,j]
