@@ -73,6 +73,9 @@ def test_a_chain_explains_its_row_group_and_counts_its_work():
     own = [kernel(t).explain(**{n: ns[n] for n in p.reads})
            for t, p in zip(sm.statements, sm.spec.parts)]
     assert e.flops == sum(o.flops for o in own)
+    # counted by hand per (i, j): m's comparison, e's subtraction and exp, z's addition, y's
+    # division
+    assert e.flops == (1 + 2 + 1 + 1) * 301 * 67
     assert e.bytes == 2 * x.nbytes
     assert e.seconds > 0 and 0 < e.fraction and e.limit_threads >= 1
 

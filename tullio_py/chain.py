@@ -210,14 +210,23 @@ class Chain:
             hit = self._plans[key] = self._plan(arrays)
         return hit[local]
 
-    def _plan(self, arrays: dict) -> tuple:
+    def bindings(self, arrays: dict) -> tuple[list, dict]:
+        """(each statement's binding (bind.py) for these inputs, in order; the arrays by name,
+        each temporary and the result as a stand-in of its shape and dtype)."""
         values = _scalars(dict(arrays), self.spec.scalars)
+        out = []
+        for p, kern in zip(self.spec.parts, self.kernels):
+            b = binding.bind(p.equation, kern.options, {n: values[n] for n in p.reads})
+            values[p.equation.output] = standin(b.shape, b.dtype)
+            out.append(b)
+        return out, values
+
+    def _plan(self, arrays: dict) -> tuple:
         spec = self.spec
+        bound, values = self.bindings(arrays)
         statements, steps, fills = [], [], []
-        for k, (p, kern) in enumerate(zip(spec.parts, self.kernels)):
+        for k, (p, kern, b) in enumerate(zip(spec.parts, self.kernels, bound)):
             eq = p.equation
-            b = binding.bind(eq, kern.options, {n: values[n] for n in p.reads})
-            values[eq.output] = standin(b.shape, b.dtype)
             alone = (not ROWS or not self.options.fuse or kern.blas_plan is not None
                      or kern.shift_plan is not None or kern.target not in ("auto", "cpu")
                      or any(n in spec.defined for n in eq.params))

@@ -57,7 +57,8 @@ class Explanation:
 
 def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     eq = k.equation
-    b, path, detail, threads, used = _described(k, arrays)
+    b = binding.bind(eq, k.options, dict(arrays))
+    path, detail, threads, used = _described(k, b)
     collected, rng, dtype, shape = b.arrays, b.ranges, b.dtype, b.shape
     out = collected.get(eq.output) if eq.assign != ":=" else None
     flops = _flops(eq, rng)
@@ -69,17 +70,10 @@ def explain(k, arrays: dict, repeat: int = 5) -> Explanation:
     return Explanation(path, detail, threads, int(flops), int(nbytes), seconds, peak, bw, used)
 
 
-def describe(k, arrays: dict) -> str:
-    """The path a call of Kernel `k` with these arrays takes and its threads, in words
-    (explain's, without running or timing it): what `verbose=2` prints for each new call
-    signature."""
-    _, path, detail, threads, _ = _described(k, arrays)
-    return f"{path}: {detail}; threads: {threads}"
-
-
 def report_path(k, arrays: dict) -> None:
-    """verbose=2: print the path a numpy call of Kernel `k` takes (`describe`), once per call
-    signature (`k.described`; replayed calls do not come here, BLAS calls do every time)."""
+    """verbose=2: print the path a numpy call of Kernel `k` takes and its threads, in
+    explain's words (without running or timing it), once per call signature (`k.described`;
+    replayed calls do not come here, BLAS calls do every time)."""
     from .signature import CallSignature
     try:
         b = binding.bind(k.equation, k.options, dict(arrays))
@@ -88,24 +82,30 @@ def report_path(k, arrays: dict) -> None:
     key = CallSignature.of(b.arrays, b.ranges, b.dtype, b.shape)
     if key not in k.described:
         k.described.add(key)
-        print(f"tullio_py: {k.equation}: {describe(k, arrays)}")
+        path, detail, threads, _ = _described(k, b)
+        print(f"tullio_py: {k.equation}: {path}: {detail}; threads: {threads}")
 
 
-def _described(k, arrays: dict):
-    """(the binding, path, detail, threads in words, thread count) of a call."""
-    from . import schedule
+def _described(k, b):
+    """(path, detail, threads in words, thread count) of a call of Kernel `k` bound as `b`."""
     eq = k.equation
-    b = binding.bind(eq, k.options, dict(arrays))
     out = b.arrays.get(eq.output) if eq.assign != ":=" else None
     path, detail, shared = _path(k, b.arrays, b.ranges, out, b.shape, b.dtype)
-    n = schedule.thread_count(k.threads, jit.max_threads())
-    threads = (f"{shared} Python threads, single-threaded gemms" if shared > 1 else
-               "BLAS's own threads" if path != "loops" else
-               f"{n or jit.max_threads()} (numba prange, {jit.pool()})"
-               if "parallel" in detail else "1")
-    used = (shared if shared > 1 else jit.max_threads() if path != "loops" else
-            (n or jit.max_threads()) if "parallel" in detail else 1)
-    return b, path, detail, threads, used
+    if shared > 1:
+        return path, detail, f"{shared} Python threads, single-threaded gemms", shared
+    if path != "loops":
+        return path, detail, "BLAS's own threads", jit.max_threads()
+    threads, used = _loop_threads(k.threads, "parallel" in detail)
+    return path, detail, threads, used
+
+
+def _loop_threads(option, parallel: bool) -> tuple[str, int]:
+    """(in words, count) the threads that generated loops with the `threads` option run on."""
+    if not parallel:
+        return "1", 1
+    from . import schedule
+    n = schedule.thread_count(option, jit.max_threads()) or jit.max_threads()
+    return f"{n} (numba prange, {jit.pool()})", n
 
 
 def _flops(eq, rng: dict) -> int:
@@ -128,17 +128,10 @@ def explain_chain(chain, arrays: dict, repeat: int = 5) -> Explanation:
     call's, the limit that of the chain's threads.  Softmax, 4096x512 float32, on two
     threads: `statements 1-4 (m, e, z, y): one parallel pass over blocks of 2 rows of i; m, e,
     z in per-thread buffers`, 10.5 Mflop, 16.8 MB (x read, y written)."""
-    from . import schedule
     spec = chain.spec
-    values, bound = dict(arrays), []
-    for p, k in zip(spec.parts, chain.kernels):
-        reads = {n: values[n] for n in p.reads}
-        b = binding.bind(p.equation, k.options, reads)
-        bound.append(b)
-        values[p.equation.output] = standin(b.shape, b.dtype)
-    host = all(isinstance(v, np.ndarray) or np.isscalar(v) for v in arrays.values())
-    steps = (chain.plan(dict(arrays), True)[0] if host and not chain.gathers else
-             [None] * len(spec.parts))
+    bound, values = chain.bindings(arrays)
+    # (a chain with a gather runs its statements one by one: no plan of row groups)
+    steps = [None] * len(spec.parts) if chain.gathers else chain.plan(dict(arrays), True)[0]
     words, parallel, local = [], False, set()
     for j, st in enumerate(steps):
         if st is None or st.rows is None:
@@ -161,8 +154,7 @@ def explain_chain(chain, arrays: dict, repeat: int = 5) -> Explanation:
         words.append(f"statements {first}-{last} ({names}): one {how} over blocks of "
                      f"{consts['_rows']} rows of {index}"
                      + (f"; {kept} in per-thread buffers" if kept else ""))
-    n = schedule.thread_count(chain.threads, jit.max_threads())
-    used = (n or jit.max_threads()) if parallel else 1
+    threads, used = _loop_threads(chain.threads, parallel)
     flops = sum(_flops(p.equation, b.ranges) for p, b in zip(spec.parts, bound))
     nbytes = sum(v.nbytes for n, v in arrays.items() if isinstance(v, np.ndarray))
     nbytes += values[spec.result].nbytes
@@ -170,7 +162,6 @@ def explain_chain(chain, arrays: dict, repeat: int = 5) -> Explanation:
                       if t != spec.result and t not in local)
     seconds = float(np.median(_times(lambda: lambda: chain(**arrays), repeat)))
     peak, bw = limits(threads=used)
-    threads = f"{used} (numba prange, {jit.pool()})" if parallel else "1"
     return Explanation("chain", "; ".join(words), threads, int(flops), int(nbytes), seconds,
                        peak, bw, used)
 
